@@ -1,0 +1,40 @@
+"""Test-only fault injection, read in this one place.
+
+Reliability tests need to make rare things happen on cue. Set the environment
+variable GPT_FAULTS to a comma-separated list, e.g.
+
+    GPT_FAULTS=nan_loss_at=5            the training loss becomes NaN at iteration 5
+    GPT_FAULTS=inf_grad_at=5            a gradient becomes infinite at iteration 5
+    GPT_FAULTS=exit_during_save         the process dies (os._exit) halfway through a checkpoint write
+    GPT_FAULTS=exit_during_prepare      prepare.py dies halfway through writing its bins
+
+Users never need this; it does nothing when the variable is unset.
+"""
+
+import os
+
+
+def active():
+    """The parsed faults: {'nan_loss_at': '5', 'exit_during_save': ''}."""
+    spec = os.environ.get("GPT_FAULTS", "")
+    out = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        key, _, value = item.partition("=")
+        out[key] = value
+    return out
+
+
+def at_step(name, step):
+    """True when fault `name=N` is set and `step == N`."""
+    value = active().get(name)
+    return value is not None and value != "" and int(value) == step
+
+
+def maybe_exit(name):
+    """Die at once, as kill -9 would, when fault `name` is set."""
+    if name in active():
+        os._exit(137)
+
+
+def maybe_exit_during_save():
+    maybe_exit("exit_during_save")

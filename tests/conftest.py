@@ -1,0 +1,49 @@
+"""Shared test set-up: offline data from ../shared, markers, tiny helpers."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", SHARED_DATA / "tinyshakespeare" / "input.txt"))
+TIKTOKEN_CACHE = SHARED_DATA / "tiktoken"
+
+# Point tiktoken at the offline GPT-2 BPE files before anything imports it.
+if "TIKTOKEN_CACHE_DIR" not in os.environ and TIKTOKEN_CACHE.is_dir():
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(TIKTOKEN_CACHE)
+
+
+def _gpt2_bpe_available():
+    try:
+        import tiktoken
+
+        tiktoken.get_encoding("gpt2")
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def shakespeare_path():
+    if not SHAKESPEARE.is_file():
+        pytest.skip(f"Tiny Shakespeare not found at {SHAKESPEARE} (set TINYSHAKESPEARE=path)")
+    return SHAKESPEARE
+
+
+@pytest.fixture
+def tiktoken_available():
+    if not _gpt2_bpe_available():
+        pytest.skip("GPT-2 BPE files not available offline (set TIKTOKEN_CACHE_DIR)")
+    return True
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA (run scripts/gpu_check.sh on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
