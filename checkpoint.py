@@ -3,13 +3,16 @@
 A checkpoint on disk is always complete: we write to a temporary file in the
 same folder, flush and fsync it, then `os.replace` it over the old one (a rename
 within one file system is atomic), so a crash mid-save leaves the previous
-checkpoint. Loading uses `torch.load(weights_only=True)`, which refuses pickled
+checkpoint. Loading first checks the zip container's CRC-32 of every entry (torch.load
+does not, so a flipped byte in tensor data would otherwise load as silently
+wrong weights), then uses `torch.load(weights_only=True)`, which refuses pickled
 objects that could execute code; everything we store is tensors and plain
 Python values.
 """
 
 import os
 import pickle
+import zipfile
 from pathlib import Path
 
 import torch
@@ -67,6 +70,7 @@ def load_checkpoint(path, map_location="cpu"):
         )
     if path.stat().st_size == 0:
         raise UserError(f"checkpoint {path} is empty: it is damaged; delete it or resume from another")
+    check_integrity(path)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -74,7 +78,27 @@ def load_checkpoint(path, map_location="cpu"):
             f"refusing to load {path}: it holds pickled Python objects that could run code "
             f"(only tensors and plain values are allowed). Details: {str(e).splitlines()[0]}"
         )
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise UserError(
-            f"{path} is not a complete checkpoint (truncated, corrupted or not a PyTorch file): {str(e).splitlines()[0]}"
-        )
+    except (RuntimeError, EOFError, OSError, ValueError, IndexError, KeyError) as e:
+        raise _damaged(path, e)
+
+
+def _damaged(path, e):
+    return UserError(
+        f"{path} is not a complete checkpoint (truncated, corrupted or not a PyTorch file): "
+        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    )
+
+
+def check_integrity(path):
+    """Every zip entry present, a plain file, and matching its CRC-32 (reads the file once)."""
+    try:
+        if not zipfile.is_zipfile(path):
+            raise UserError(f"{path} is not a PyTorch checkpoint (not a zip archive): is it truncated or another kind of file?")
+        with zipfile.ZipFile(path) as archive:
+            if any(info.is_dir() or info.external_attr & 0x10 for info in archive.infolist()):
+                raise zipfile.BadZipFile("an entry is marked as a folder")
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError, NotImplementedError) as e:
+        raise _damaged(path, e)
+    if bad is not None:
+        raise UserError(f"{path} is corrupted: the data of {bad} fails its checksum; resume from another checkpoint")

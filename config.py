@@ -15,6 +15,7 @@ reported the same way.
 
 import dataclasses
 import difflib
+import math
 import runpy
 import sys
 import types
@@ -42,7 +43,7 @@ def read_config_file(path):
         name: value
         for name, value in namespace.items()
         if not name.startswith("_")
-        and not isinstance(value, (types.ModuleType, types.FunctionType, type))
+        and not isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type))
     }
 
 
@@ -81,7 +82,7 @@ def parse_value(text, tp):
         raise ValueError("expected true/false/1/0")
     if inner is int:
         as_float = float(text)  # accepts 5000 and 5e3
-        if as_float != int(as_float):
+        if not math.isfinite(as_float) or as_float != int(as_float):
             raise ValueError("expected a whole number")
         return int(as_float)
     if inner is float:

@@ -1,0 +1,132 @@
+"""Loss curves: train loss, val loss and learning rate against iteration, one colour per run.
+
+Reads the `metrics.jsonl` that train.py writes into each out_dir (one JSON object
+per line, `"kind": "train"` or `"kind": "eval"`). A run that is still writing is
+fine: a cut-off last line is skipped.
+
+    python plot.py out-shakespeare-char
+    python plot.py out-baseline out-rope --out compare.png
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from errors import UserError, run_main
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_metrics(out_dir):
+    """{'train': [rows], 'eval': [rows]} from OUT_DIR/metrics.jsonl.
+
+    Unknown keys and kinds are ignored (newer trainers may log more); a last
+    line without its newline is a run caught mid-write and is skipped; any other
+    unreadable line is a UserError naming the file and the line.
+    """
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        raise UserError(f"run folder {out_dir} does not exist")
+    path = out_dir / METRICS_FILE
+    if not path.is_file():
+        raise UserError(
+            f"{path} does not exist: is {out_dir} a training out_dir? (train.py writes it)"
+        )
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    rows = {"train": [], "eval": []}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if number == len(lines):  # no newline after it: still being written
+                continue
+            raise UserError(f"{path}, line {number} is not valid JSON ({e.msg})")
+        if not isinstance(row, dict):
+            raise UserError(f"{path}, line {number} is not a JSON object")
+        if row.get("kind") in rows and isinstance(row.get("iter"), (int, float)):
+            rows[row["kind"]].append(row)
+    if not rows["train"] and not rows["eval"]:
+        raise UserError(f"{path} holds no metrics yet: wait for the first logged iteration")
+    return rows
+
+
+def _series(rows, key):
+    """(iters, values) for the rows that have a number under `key`."""
+    pairs = [
+        (r["iter"], r[key])
+        for r in rows
+        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
+    ]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def run_labels(out_dirs):
+    """Legend names: each folder's name, or the path as given when two names clash."""
+    names = [Path(d).name or str(d) for d in out_dirs]
+    return [str(d) if names.count(n) > 1 else n for d, n in zip(out_dirs, names)]
+
+
+def loss_figure(runs):
+    """A Figure of loss (top) and learning rate (bottom) for `runs` = [(label, rows)]."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UserError("plotting needs matplotlib: pip install matplotlib")
+    fig = Figure(figsize=(9, 7), layout="constrained")
+    ax_loss, ax_lr = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
+    colours = matplotlib.colormaps["tab10"]
+    for i, (label, rows) in enumerate(runs):
+        colour = colours(i % 10)
+        x, y = _series(rows["train"], "loss")
+        if x:
+            ax_loss.plot(x, y, color=colour, alpha=0.35, linewidth=0.8, label=f"{label} train")
+        x, y = _series(rows["eval"], "val_loss")
+        if x:
+            ax_loss.plot(x, y, color=colour, marker="o", markersize=3, label=f"{label} val")
+        x, y = _series(rows["train"] or rows["eval"], "lr")
+        if x:
+            ax_lr.plot(x, y, color=colour, label=label)
+    ax_loss.set_ylabel("loss (nats/token)")
+    ax_loss.set_title("train loss (faint, every logged iteration) and val loss (dots)")
+    ax_loss.grid(alpha=0.3)
+    ax_loss.legend(fontsize=8)
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.set_xlabel("iteration")
+    ax_lr.grid(alpha=0.3)
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    return fig
+
+
+def plot_runs(out_dirs, out="loss.png"):
+    """Read every run's metrics and write the PNG; return its Path."""
+    if not out_dirs:
+        raise UserError("give at least one run folder, e.g. python plot.py out-shakespeare-char")
+    runs = [(label, read_metrics(d)) for label, d in zip(run_labels(out_dirs), out_dirs)]
+    fig = loss_figure(runs)
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise UserError(f"cannot write {out}: the folder {out.parent} does not exist")
+    fig.savefig(out, format="png", dpi=110)
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="plot.py", description="Plot train/val loss and learning rate of training runs."
+    )
+    parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run folders to compare")
+    parser.add_argument("--out", default="loss.png", help="PNG to write (default: %(default)s)")
+    args = parser.parse_args(argv)
+    path = plot_runs(args.out_dirs, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
