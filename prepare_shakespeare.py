@@ -1,0 +1,78 @@
+"""Tiny Shakespeare for prepare.py: which local copy to use, or a checked download.
+
+The copy comes from, in order: --input, $TINYSHAKESPEARE, data/NAME/input.txt
+(a verified earlier download, kept there as nanoGPT does), or a download from
+the URL nanoGPT uses, written to a temporary file and checked against its sha256
+before it is renamed into place.
+"""
+
+import hashlib
+import os
+import secrets
+import sys
+import urllib.request
+from pathlib import Path
+
+from errors import UserError
+
+TMP_MARK = ".tmp-"  # temporary files are ".<final name>.tmp-<pid>-<random>"
+
+# nanoGPT's data/shakespeare_char/prepare.py downloads from this URL; the sha256
+# is of that file (1,115,394 bytes).
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download_shakespeare(dest):
+    """Download Tiny Shakespeare to `dest` through a temporary file, checking its sha256."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    hint = "pass --input PATH to a local copy (or set TINYSHAKESPEARE=PATH)"
+    try:
+        try:
+            with urllib.request.urlopen(SHAKESPEARE_URL, timeout=60) as response, open(tmp, "wb") as f:
+                while block := response.read(1 << 16):
+                    f.write(block)
+        except (OSError, ValueError) as e:  # URLError, timeouts and refused connections are OSErrors
+            reason = getattr(e, "reason", None) or e
+            raise UserError(f"could not download Tiny Shakespeare from {SHAKESPEARE_URL} ({reason}): {hint}")
+        digest = sha256_file(tmp)
+        if digest != SHAKESPEARE_SHA256:
+            raise UserError(
+                f"the downloaded Tiny Shakespeare has sha256 {digest}, expected {SHAKESPEARE_SHA256}: {hint}"
+            )
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def shakespeare_input(folder, input_path):
+    """The local Tiny Shakespeare to use: --input, $TINYSHAKESPEARE, a cached download, or a new download."""
+    if input_path is None and os.environ.get("TINYSHAKESPEARE"):
+        input_path = os.environ["TINYSHAKESPEARE"]
+        if not Path(input_path).is_file():
+            raise UserError(f"TINYSHAKESPEARE={input_path} is not a file: point it at Tiny Shakespeare's input.txt")
+    if input_path is not None:
+        path = Path(input_path)
+        if path.is_file() and sha256_file(path) != SHAKESPEARE_SHA256:
+            print(f"warning: {path} is not the canonical Tiny Shakespeare (sha256 differs)", file=sys.stderr)
+        return path
+    cached = folder / "input.txt"  # where a verified download is kept, as nanoGPT does
+    if cached.is_file() and sha256_file(cached) == SHAKESPEARE_SHA256:
+        return cached
+    created = not folder.exists()
+    try:
+        return download_shakespeare(cached)
+    except BaseException:
+        if created and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
