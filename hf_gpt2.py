@@ -1,0 +1,176 @@
+"""OpenAI's GPT-2 weights in and out, in the Hugging Face format.
+
+A Hugging Face GPT-2 folder holds `config.json` and `model.safetensors` (or the older
+`pytorch_model.bin`). Our parameter names are GPT-2's, so loading is a rename plus one
+twist: GPT-2 stores its projections as `Conv1D` weights of shape (in, out), the
+transpose of `nn.Linear`'s (out, in).
+
+    python -c "import hf_gpt2; m = hf_gpt2.load_gpt2('gpt2')"        # downloads once, when online
+    python -c "import hf_gpt2; m = hf_gpt2.load_gpt2('path/to/folder')"
+    python -c "import hf_gpt2, model; hf_gpt2.export_gpt2(model.GPT(model.GPTConfig()), 'out/hf')"
+
+Nothing is unpickled: safetensors holds only tensors, and .bin files are read with
+torch.load(weights_only=True).
+"""
+
+import json
+import os
+import pickle
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from errors import UserError
+from model import GPT, GPTConfig, NORM_EPS
+
+HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # 124M, 350M, 774M, 1558M
+HUB_URL = "https://huggingface.co/openai-community/{name}/resolve/main/{file}"
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+GPT2_EOT_ID = 50256
+
+
+def default_cache_dir():
+    return Path(os.environ.get("GPT2_CACHE_DIR", Path.home() / ".cache" / "gpt2_weights"))
+
+
+def download_file(url, dest, timeout=30):
+    """Fetch url into dest via a temporary file, so a broken download never looks complete."""
+    tmp = dest.with_name(dest.name + ".part")
+    with urllib.request.urlopen(url, timeout=timeout) as response, open(tmp, "wb") as f:
+        while chunk := response.read(1 << 20):
+            f.write(chunk)
+    os.replace(tmp, dest)
+
+
+def hub_folder(name, cache_dir=None):
+    """The local folder holding hub model `name`, downloading its files when missing."""
+    folder = Path(cache_dir or default_cache_dir()) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in ("config.json", "model.safetensors"):
+        if (folder / file).is_file():
+            continue
+        url = HUB_URL.format(name=name, file=file)
+        try:
+            download_file(url, folder / file)
+        except (OSError, urllib.error.URLError) as e:  # URLError is an OSError; named for the reader
+            raise UserError(
+                f"could not download {name} from {url} ({e}). Offline? Pass a local folder in "
+                "Hugging Face format instead (config.json plus model.safetensors or pytorch_model.bin), "
+                f"e.g. one written by GPT2LMHeadModel.save_pretrained, or copy the files into {folder}"
+            )
+    return folder
+
+
+def config_from_hf(hf, dropout=0.0):
+    """A GPTConfig from a Hugging Face GPT-2 config.json dict; UserError for what we can't run."""
+    if hf.get("model_type") != "gpt2":
+        raise UserError(f"config.json has model_type={hf.get('model_type')!r}; only 'gpt2' models load here")
+    unsupported = []
+    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        unsupported.append(f"activation_function={hf['activation_function']!r} (we use GELU's tanh form)")
+    if hf.get("layer_norm_epsilon", NORM_EPS) != NORM_EPS:
+        unsupported.append(f"layer_norm_epsilon={hf['layer_norm_epsilon']} (we use {NORM_EPS})")
+    if hf.get("scale_attn_by_inverse_layer_idx", False) or not hf.get("scale_attn_weights", True):
+        unsupported.append("non-standard attention scaling")
+    if unsupported:
+        raise UserError("this GPT-2 variant is not supported: " + "; ".join(unsupported))
+    try:
+        return GPTConfig(
+            block_size=hf["n_positions"], vocab_size=hf["vocab_size"], n_layer=hf["n_layer"],
+            n_head=hf["n_head"], n_embd=hf["n_embd"], mlp_hidden=hf.get("n_inner"), dropout=dropout,
+            tie_embeddings=hf.get("tie_word_embeddings", True),
+        )
+    except KeyError as e:
+        raise UserError(f"config.json lacks {e}, which every GPT-2 config has")
+
+
+def read_weights(folder):
+    """The state dict stored in a Hugging Face folder (safetensors preferred)."""
+    if (folder / "model.safetensors").is_file():
+        path = folder / "model.safetensors"
+        try:
+            return load_file(path)
+        except Exception as e:  # safetensors raises its own error types for damaged files
+            raise UserError(f"{path} is not a readable safetensors file: {e}")
+    path = folder / "pytorch_model.bin"
+    if not path.is_file():
+        raise UserError(f"{folder} holds neither model.safetensors nor pytorch_model.bin")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+        raise UserError(f"refusing or unable to load {path}: {str(e).splitlines()[0]}")
+
+
+def load_gpt2(name_or_path, dropout=0.0, cache_dir=None):
+    """A GPT with pretrained GPT-2 weights, from a hub name (see HUB_NAMES) or a local folder."""
+    folder = Path(name_or_path)
+    if not folder.is_dir():
+        if str(name_or_path) not in HUB_NAMES:
+            raise UserError(f"{name_or_path} is neither a folder nor one of {', '.join(HUB_NAMES)}")
+        folder = hub_folder(str(name_or_path), cache_dir)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise UserError(f"{folder} has no config.json: it is not a Hugging Face model folder")
+    try:
+        hf_config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{config_path} is not valid JSON: {e}")
+    model = GPT(config_from_hf(hf_config, dropout))
+
+    theirs = {}
+    for key, tensor in read_weights(folder).items():
+        if key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # causal-mask buffers in older checkpoints, not weights
+        key = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
+        theirs[key] = tensor.t() if key.endswith(CONV1D_WEIGHTS) else tensor
+    if model.config.tie_embeddings:
+        theirs.pop("lm_head.weight", None)  # the same matrix as wte
+    ours = model.state_dict()
+    if model.config.tie_embeddings:
+        ours.pop("lm_head.weight")
+    missing, unexpected = sorted(ours.keys() - theirs.keys()), sorted(theirs.keys() - ours.keys())
+    if missing or unexpected:
+        raise UserError(f"weights in {folder} do not match a GPT-2: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    with torch.no_grad():
+        for key, target in ours.items():
+            if theirs[key].shape != target.shape:
+                raise UserError(f"{key} in {folder} has shape {tuple(theirs[key].shape)}, expected {tuple(target.shape)}")
+            target.copy_(theirs[key])
+    return model
+
+
+def export_gpt2(model, folder):
+    """Write `model` as a Hugging Face GPT2LMHeadModel folder (config.json + model.safetensors)."""
+    c = model.config
+    differences = {
+        "pos_encoding": (c.pos_encoding, "learned"), "norm": (c.norm, "layernorm"),
+        "norm_placement": (c.norm_placement, "pre"), "mlp": (c.mlp, "gelu"), "bias": (c.bias, True),
+        "tie_embeddings": (c.tie_embeddings, True), "qk_norm": (c.qk_norm, False),
+        "n_kv_head": (c.kv_heads, c.n_head), "logit_softcap": (c.logit_softcap, None),
+    }
+    wrong = [f"{name}={have!r} (GPT-2 needs {need!r})" for name, (have, need) in differences.items() if have != need]
+    if wrong:
+        raise UserError("only GPT-2-shaped models export to the GPT-2 format: " + ", ".join(wrong))
+    tensors = {}
+    for key, tensor in model.state_dict().items():
+        if key == "lm_head.weight":
+            continue  # tied to wte; transformers ties it again on load
+        if key == "transformer.wte.weight":
+            tensor = tensor[: c.vocab_size]  # drop padding rows
+        tensors[key] = (tensor.t() if key.endswith(CONV1D_WEIGHTS) else tensor).detach().float().contiguous().cpu()
+    has_eot = c.vocab_size > GPT2_EOT_ID
+    hf_config = {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
+        "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer,
+        "n_head": c.n_head, "n_inner": None if c.hidden_size == 4 * c.n_embd else c.hidden_size,
+        "layer_norm_epsilon": NORM_EPS, "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
+        "tie_word_embeddings": True, "bos_token_id": GPT2_EOT_ID if has_eot else None,
+        "eos_token_id": GPT2_EOT_ID if has_eot else None,
+    }
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")

@@ -1,0 +1,561 @@
+"""The GPT: a decoder-only Transformer, with the variants the Transformer chapter teaches.
+
+Defaults are GPT-2 small (Radford et al. 2019) with GPT-2's parameter names, so the
+pretrained weights load name by name (hf_gpt2.py). Each variant is one GPTConfig field,
+read in exactly one place:
+
+    pos_encoding   learned | sinusoidal | rope | none     (GPT._embed; rope in CausalSelfAttention.qkv)
+    norm           layernorm | rmsnorm                     (make_norm)
+    norm_placement pre | post                              (Block.forward)
+    mlp            gelu | relu2 | swiglu                   (MLP.forward)
+    attention      sdpa | reference                        (CausalSelfAttention.forward)
+
+One forward pass, for token ids idx of shape (B, T):
+    x = wte[idx] (+ position information)          # (B, T, C)
+    for each block: x = x + attn(norm(x)); x = x + mlp(norm(x))
+    logits = lm_head(norm(x))                      # (B, T, vocab_size)
+
+    python -c "import torch, model; m = model.GPT(model.GPTConfig(n_layer=2, n_head=2, n_embd=64)); print(m(torch.zeros(1, 8, dtype=torch.long))[0].shape)"
+    python params.py configs/gpt2.py        # where the 124M parameters are
+"""
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from config import setting
+from sampling import check_sampling_options, choose_next_token
+
+CHOICES = {
+    "pos_encoding": ("learned", "sinusoidal", "rope", "none"),
+    "norm": ("layernorm", "rmsnorm"),
+    "norm_placement": ("pre", "post"),
+    "mlp": ("gelu", "relu2", "swiglu"),
+    "attention": ("sdpa", "reference"),
+}
+NORM_EPS = 1e-5  # GPT-2's layer_norm_epsilon and LLaMA-2's rms_norm_eps
+
+
+@dataclass
+class GPTConfig:
+    """Model shape and architecture"""
+
+    block_size: int = setting(1024, "longest context the model sees, in tokens")
+    vocab_size: int = setting(50257, "number of token ids (GPT-2 BPE: 50257)")
+    n_layer: int = setting(12, "number of Transformer blocks")
+    n_head: int = setting(12, "attention heads per block")
+    n_embd: int = setting(768, "width of the residual stream")
+    dropout: float = setting(0.0, "dropout probability (0 for pretraining, ~0.1-0.2 when finetuning)")
+    bias: bool = setting(True, "biases in Linear layers and norms, as GPT-2 (False is slightly faster)")
+    pos_encoding: str = setting("learned", "position information: learned | sinusoidal | rope | none")
+    rope_theta: float = setting(10000.0, "RoPE base: rotation angles are position * rope_theta^(-2i/head_dim)")
+    norm: str = setting("layernorm", "normalization: layernorm | rmsnorm")
+    norm_placement: str = setting("pre", "pre (GPT-2 and later) or post (the original Transformer)")
+    mlp: str = setting("gelu", "MLP: gelu | relu2 | swiglu")
+    mlp_hidden: int | None = setting(None, "MLP hidden size; none = 4*n_embd, or for swiglu the size matching its parameters")
+    qk_norm: bool = setting(False, "RMS-normalize queries and keys per head before attention")
+    n_kv_head: int | None = setting(None, "key/value heads (none = n_head; fewer = grouped-query, 1 = multi-query)")
+    tie_embeddings: bool = setting(True, "share the token embedding with the output layer (lm_head), as GPT-2")
+    logit_softcap: float | None = setting(None, "squash logits to (-cap, cap) with cap*tanh(logits/cap); none = off")
+    pad_vocab_multiple: int = setting(1, "pad the embedding table to a multiple of this (64 is faster on GPUs)")
+    zero_init_proj: bool = setting(False, "start every output projection c_proj at zero (modded-nanogpt)")
+    attention: str = setting("sdpa", "sdpa (fused kernels) or reference (the formula written out, slow)")
+
+    def __post_init__(self):
+        problems = []
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "pad_vocab_multiple"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be at least 1")
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                problems.append(f"{name}={getattr(self, name)!r} must be one of {', '.join(allowed)}")
+        if self.n_head >= 1 and self.n_embd % self.n_head:
+            problems.append(
+                f"n_embd={self.n_embd} must be divisible by n_head={self.n_head} (each head gets n_embd/n_head dims)"
+            )
+        if self.n_kv_head is not None and not (1 <= self.n_kv_head <= self.n_head and self.n_head % self.n_kv_head == 0):
+            problems.append(
+                f"n_head={self.n_head} must be a multiple of n_kv_head={self.n_kv_head} "
+                "(each key/value head serves the same number of query heads)"
+            )
+        if self.pos_encoding == "rope" and self.n_head >= 1 and (self.n_embd // self.n_head) % 2:
+            problems.append(
+                f"pos_encoding='rope' needs an even head size, but n_embd/n_head = {self.n_embd}/{self.n_head} "
+                f"= {self.n_embd // self.n_head} (RoPE rotates pairs of dimensions)"
+            )
+        if self.pos_encoding == "sinusoidal" and self.n_embd % 2:
+            problems.append(f"pos_encoding='sinusoidal' needs an even n_embd (sine/cosine pairs), got n_embd={self.n_embd}")
+        if not 0 <= self.dropout < 1:
+            problems.append(f"dropout={self.dropout} must be in [0, 1)")
+        if self.rope_theta <= 0:
+            problems.append(f"rope_theta={self.rope_theta} must be positive")
+        if self.mlp_hidden is not None and self.mlp_hidden < 1:
+            problems.append(f"mlp_hidden={self.mlp_hidden} must be at least 1 (or none)")
+        if self.logit_softcap is not None and self.logit_softcap <= 0:
+            problems.append(f"logit_softcap={self.logit_softcap} must be positive (or none)")
+        if problems:
+            raise ValueError("invalid model settings: " + "; ".join(problems))
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self):
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def hidden_size(self):
+        """The MLP's hidden width. SwiGLU has three matrices instead of two, so 8d/3
+        (rounded up to a multiple of 8) keeps its parameters equal to the 4d GELU MLP's
+        (Shazeer 2020, "GLU Variants Improve Transformer")."""
+        if self.mlp_hidden is not None:
+            return self.mlp_hidden
+        if self.mlp == "swiglu":
+            return 8 * math.ceil(8 * self.n_embd / 3 / 8)
+        return 4 * self.n_embd
+
+    @property
+    def padded_vocab_size(self):
+        m = self.pad_vocab_multiple
+        return (self.vocab_size + m - 1) // m * m
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight (+ bias): LayerNorm without the centering
+    (Zhang & Sennrich 2019)."""
+
+    def __init__(self, dim, bias=False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x):
+        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)
+        return y if self.bias is None else y + self.bias
+
+
+def make_norm(config):
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.n_embd, bias=config.bias)
+    return nn.LayerNorm(config.n_embd, eps=NORM_EPS, bias=config.bias)
+
+
+def sinusoidal_table(n_positions, dim):
+    """The original Transformer's positions (Vaswani et al. 2017, section 3.5):
+    PE[pos, 2i] = sin(pos / 10000^(2i/dim)), PE[pos, 2i+1] = cos(the same angle)."""
+    pos = torch.arange(n_positions, dtype=torch.float32)[:, None]  # (T, 1)
+    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float32) / dim)  # (C/2,)
+    table = torch.zeros(n_positions, dim)
+    table[:, 0::2] = torch.sin(pos * inv_freq)
+    table[:, 1::2] = torch.cos(pos * inv_freq)
+    return table  # (T, C)
+
+
+def rope_angles(n_positions, head_dim, theta=10000.0, dtype=torch.float32):
+    """cos and sin of the RoPE angle m * theta^(-2i/D) for position m and pair i
+    (Su et al. 2021, "RoFormer", eq. 15). Each is (T, D/2)."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=dtype) / head_dim)  # (D/2,)
+    angles = torch.arange(n_positions, dtype=dtype)[:, None] * inv_freq  # (T, D/2)
+    return torch.cos(angles), torch.sin(angles)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate each pair (x[i], x[i + D/2]) of x (..., T, D) by its angle; cos, sin (T, D/2).
+    Pairing the two halves (as GPT-NeoX and LLaMA do) instead of neighbours is the same
+    rotation on a permuted basis. Computed in fp32 at least, returned in x's dtype."""
+    x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).chunk(2, dim=-1)  # (..., T, D/2) each
+    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.type_as(x)
+
+
+def reference_attention(q, k, v, causal=True, return_stages=False, dropout_p=0.0):
+    """softmax(Q Kᵀ / √d_k + causal mask) V, written the way the formula reads.
+
+    q (B, H, Tq, D); k, v (B, Hkv, Tk, D) with H a multiple of Hkv (grouped-query
+    attention: query head h uses key/value head h // (H/Hkv)). With causal=True,
+    query i sits at position Tk - Tq + i and sees keys up to that position. Dividing
+    by √d_k keeps the scores' variance near 1 so softmax does not saturate
+    (Vaswani et al. 2017, section 3.2.1).
+    """
+    if k.size(1) != q.size(1):
+        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)  # (B, H, Tk, D)
+        v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
+    Tq, Tk = q.size(-2), k.size(-2)
+    scores = q @ k.transpose(-2, -1)  # (B, H, Tq, Tk)
+    scaled = scores / math.sqrt(q.size(-1))
+    if causal:
+        query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]  # (Tq, 1)
+        future = torch.arange(Tk, device=q.device)[None, :] > query_pos  # (Tq, Tk)
+        scaled = scaled.masked_fill(future, float("-inf"))
+    weights = torch.softmax(scaled, dim=-1)  # each row sums to 1
+    out = F.dropout(weights, dropout_p) @ v if dropout_p > 0 else weights @ v  # (B, H, Tq, D)
+    if return_stages:
+        return out, {"scores": scores, "scaled": scaled, "weights": weights, "output": out}
+    return out
+
+
+class KVCache:
+    """Keys and values of every layer for the tokens seen so far, in tensors allocated
+    once for block_size positions (no concatenation per token)."""
+
+    def __init__(self, n_layer, max_length):
+        self.k = [None] * n_layer
+        self.v = [None] * n_layer
+        self.max_length = max_length
+        self.length = 0  # tokens stored; the next token's position
+
+    def update(self, layer, k, v):
+        """Store k, v (B, Hkv, T, D) after the cached ones; return all keys and values so far."""
+        start, end = self.length, self.length + k.size(2)
+        assert end <= self.max_length, f"cache holds {self.max_length} positions, asked for {end}"
+        if self.k[layer] is None:  # allocated on first use, in the dtype autocast gives k
+            B, Hkv, _, D = k.shape
+            self.k[layer] = k.new_empty(B, Hkv, self.max_length, D)
+            self.v[layer] = v.new_empty(B, Hkv, self.max_length, D)
+        self.k[layer][:, :, start:end] = k
+        self.v[layer][:, :, start:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # (B, Hkv, end, D)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention. c_attn computes q, k, v for all heads in one
+    matrix: its output splits into [q | k | v] of widths n_head*D, n_kv_head*D,
+    n_kv_head*D, each laid out head by head (`qkv` does the split)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
+        qkv_width = (self.n_head + 2 * self.n_kv_head) * self.head_dim
+        self.c_attn = nn.Linear(config.n_embd, qkv_width, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        if config.qk_norm:  # keeps attention logits bounded (Dehghani et al. 2023; OLMo 2)
+            self.q_norm, self.k_norm = RMSNorm(self.head_dim), RMSNorm(self.head_dim)
+        self.qk_norm = config.qk_norm
+        self.rope = config.pos_encoding == "rope"
+        if self.rope:
+            cos, sin = rope_angles(config.block_size, self.head_dim, config.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)  # (block_size, D/2)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.reference = config.attention == "reference"
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def qkv(self, x, start=0):
+        """q (B, H, T, D), k and v (B, Hkv, T, D) for x (B, T, C) whose first token sits at
+        position `start`; after qk_norm and RoPE where configured."""
+        B, T, _ = x.shape
+        H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
+        q, k, v = self.c_attn(x).split([H * D, Hkv * D, Hkv * D], dim=2)
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope:
+            cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q, k, v
+
+    def forward(self, x, cache=None, layer=0):
+        B, T, C = x.shape
+        start = cache.length if cache is not None else 0
+        q, k, v = self.qkv(x, start)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, Hkv, start + T, D)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.reference:
+            y = reference_attention(q, k, v, causal=True, dropout_p=dropout_p)
+        else:
+            # is_causal aligns the mask top-left, right only when queries and keys start
+            # together; one new token sees every cached key; a chunk after a cache needs a mask.
+            mask = None
+            if 1 < T < k.size(2):
+                mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril(k.size(2) - T)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=(T > 1 and mask is None),
+                enable_gqa=self.n_kv_head != self.n_head,
+            )  # (B, H, T, D)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        hidden = config.hidden_size
+        fc_width = 2 * hidden if config.mlp == "swiglu" else hidden  # swiglu: [gate | up] fused
+        self.kind = config.mlp
+        self.c_fc = nn.Linear(config.n_embd, fc_width, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        h = self.c_fc(x)  # (B, T, fc_width)
+        if self.kind == "gelu":  # GPT-2 uses GELU's tanh approximation ("gelu_new")
+            h = F.gelu(h, approximate="tanh")
+        elif self.kind == "relu2":  # Primer (So et al. 2021)
+            h = F.relu(h).square()
+        else:  # SwiGLU (Shazeer 2020): silu(gate) * up
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        return self.dropout(self.c_proj(h))
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.pre_norm = config.norm_placement == "pre"
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = make_norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cache=None, layer=0):
+        if self.pre_norm:  # GPT-2: normalize each sublayer's input, keep a clean residual path
+            x = x + self.attn(self.ln_1(x), cache, layer)
+            return x + self.mlp(self.ln_2(x))
+        # original Transformer: normalize after adding (Vaswani et al. 2017, section 3.1)
+        x = self.ln_1(x + self.attn(x, cache, layer))
+        return self.ln_2(x + self.mlp(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        modules = dict(
+            wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+            # post-norm blocks already end with a norm (the original Transformer has no final one)
+            ln_f=make_norm(config) if config.norm_placement == "pre" else nn.Identity(),
+        )
+        if config.pos_encoding == "learned":
+            modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        self.transformer = nn.ModuleDict(modules)
+        if config.pos_encoding == "sinusoidal":
+            self.register_buffer("sinusoid", sinusoidal_table(config.block_size, config.n_embd), persistent=False)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        if config.tie_embeddings:  # one matrix both reads and writes tokens (Press & Wolf 2017)
+            self.transformer.wte.weight = self.lm_head.weight
+        if not self.lm_head.weight.is_meta:  # shapes only (parameter counts): nothing to fill
+            self.init_weights()
+
+    def init_weights(self):
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                if self.config.zero_init_proj:
+                    nn.init.zeros_(p)
+                else:  # GPT-2 section 2.3: scale residual layers by 1/sqrt(N), N = 2 per block
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):  # GPT-2's N(0, 0.02)
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self, non_embedding=False):
+        """Parameter count; non_embedding=True leaves out the token and position
+        embeddings and the output layer, which is what 12*L*d^2 estimates (Kaplan et al.
+        2020, section 2.1). nanoGPT's own count only leaves out wpe."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wte.weight.numel()
+            if "wpe" in self.transformer:
+                n -= self.transformer.wpe.weight.numel()
+            if not self.config.tie_embeddings:
+                n -= self.lm_head.weight.numel()
+        return n
+
+    def _embed(self, idx, start=0):
+        B, T = idx.shape
+        if start + T > self.config.block_size:
+            raise ValueError(
+                f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}: crop the context"
+            )
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if self.config.pos_encoding == "learned":
+            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
+        elif self.config.pos_encoding == "sinusoidal":
+            x = x + self.sinusoid[start : start + T]
+        # rope acts inside attention; with none, only the causal mask hints at order
+        return self.transformer.drop(x)
+
+    def _hidden(self, idx, cache=None):
+        x = self._embed(idx, cache.length if cache is not None else 0)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, cache, layer)
+        if cache is not None:
+            cache.length += idx.size(1)
+        return self.transformer.ln_f(x)  # (B, T, C)
+
+    def _logits(self, x):
+        logits = self.lm_head(x)  # (B, T, padded_vocab_size)
+        if self.config.padded_vocab_size != self.config.vocab_size:
+            logits = logits[..., : self.config.vocab_size]  # padding ids are never predicted
+        cap = self.config.logit_softcap
+        if cap is not None:  # Gemma 2; modded-nanogpt
+            logits = cap * torch.tanh(logits / cap)
+        return logits
+
+    def forward(self, idx, targets=None):
+        """idx (B, T) token ids -> logits (B, T, vocab_size) and, given targets (B, T),
+        the mean cross-entropy in fp32 (targets of -1 are ignored)."""
+        logits = self._logits(self._hidden(idx))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(
+                logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
+            )
+        return logits, loss
+
+    @torch.no_grad()
+    def attention_maps(self, idx, layer):
+        """Softmax weights (B, H, T, T) of every head of block `layer`, computed with the
+        reference formula on the same activations as forward (call model.eval() first)."""
+        if not 0 <= layer < self.config.n_layer:
+            raise ValueError(f"layer={layer} must be in [0, {self.config.n_layer - 1}]")
+        x = self._embed(idx)
+        for block in self.transformer.h[:layer]:
+            x = block(x)
+        block = self.transformer.h[layer]
+        q, k, v = block.attn.qkv(block.ln_1(x) if block.pre_norm else x)
+        _, stages = reference_attention(q, k, v, causal=True, return_stages=True)
+        return stages["weights"]
+
+    def crop_block_size(self, block_size):
+        """Shrink the context length, e.g. to finetune GPT-2 (1024) at 256."""
+        if not 1 <= block_size <= self.config.block_size:
+            raise ValueError(f"block_size={block_size} must be in [1, {self.config.block_size}]")
+        self.config.block_size = block_size
+        if "wpe" in self.transformer:
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+            self.transformer.wpe.num_embeddings = block_size
+        if hasattr(self, "sinusoid"):
+            self.sinusoid = self.sinusoid[:block_size]
+        for block in self.transformer.h:
+            if block.attn.rope:
+                block.attn.rope_cos = block.attn.rope_cos[:block_size]
+                block.attn.rope_sin = block.attn.rope_sin[:block_size]
+
+    @torch.no_grad()
+    def generate_stream(
+        self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, min_p=None,
+        repetition_penalty=1.0, stop_tokens=None, generator=None, use_cache=True, shift_context=False,
+    ):
+        """Yield the next token of every row, a (B,) LongTensor, max_new_tokens times.
+
+        With use_cache, keys and values of past tokens are kept, so each step runs the
+        model on one token. Past block_size the context is cropped to the last block_size
+        tokens, as recomputation does: then every kept token moves one position and its
+        keys in every layer after the first change (they attended to the dropped token),
+        so the cache cannot be slid and each step recomputes the window; the tokens are
+        exactly those of use_cache=False. shift_context=True instead keeps the last
+        block_size // 2 tokens, rebuilds the cache once and goes on caching (llama.cpp's
+        "context shift"): much faster past block_size, but tokens then see between half
+        and all of block_size, so they differ from recomputation.
+        A row that emits one of stop_tokens is finished: later steps repeat that stop
+        token for it, and the generator stops once every row is finished.
+        Dropout stays active in train mode: call model.eval() first.
+        """
+        check_sampling_options(temperature, top_k, top_p, min_p, repetition_penalty)
+        if idx.dim() != 2 or idx.size(1) == 0:
+            raise ValueError(f"idx must be (B, T) with T >= 1, got shape {tuple(idx.shape)}")
+        B, T0 = idx.shape
+        block = self.config.block_size
+        seq = idx.new_empty(B, T0 + max_new_tokens)  # every token so far, preallocated
+        seq[:, :T0] = idx
+        n = T0
+        stops = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=idx.device)
+        finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
+        stop_value = torch.zeros(B, dtype=torch.long, device=idx.device)
+        cache = None
+        for _ in range(max_new_tokens):
+            if not use_cache:  # nanoGPT's way: the whole (cropped) context every token
+                logits = self._logits(self._hidden(seq[:, max(0, n - block) : n])[:, -1])
+            elif cache is not None and cache.length < block:  # one new token
+                logits = self._logits(self._hidden(seq[:, n - 1 : n], cache)[:, -1])
+            elif cache is None or shift_context:  # (re)build the cache from a prompt or a shifted window
+                keep = block if cache is None else max(1, block // 2)
+                cache = KVCache(self.config.n_layer, block)
+                logits = self._logits(self._hidden(seq[:, max(0, n - keep) : n], cache)[:, -1])
+            else:  # window full: it slides every token from now on, nothing can be reused
+                logits = self._logits(self._hidden(seq[:, n - block : n])[:, -1])
+            token = choose_next_token(
+                logits, temperature, top_k, top_p, min_p, repetition_penalty,
+                previous_tokens=seq[:, :n], generator=generator,
+            )  # (B,)
+            if stops.numel():
+                token = torch.where(finished, stop_value, token)
+                newly = torch.isin(token, stops) & ~finished
+                stop_value = torch.where(newly, token, stop_value)
+                finished |= newly
+            seq[:, n] = token
+            n += 1
+            yield token
+            if stops.numel() and bool(finished.all()):
+                return
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, min_p=None,
+                 repetition_penalty=1.0, stop_tokens=None, generator=None, use_cache=True, shift_context=False):
+        """idx (B, T) -> (B, T + n): the prompt followed by n <= max_new_tokens new tokens
+        (fewer only when every row hit a stop token). Temperature 0 is greedy."""
+        new = list(self.generate_stream(
+            idx, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
+            stop_tokens, generator, use_cache, shift_context,
+        ))
+        return torch.cat([idx] + [t[:, None] for t in new], dim=1)
+
+
+# Peak dense bf16 tensor throughput, from NVIDIA's datasheets (the "with sparsity"
+# figures are twice these). More specific names come first: matched as substrings of
+# torch.cuda.get_device_name(), e.g. "NVIDIA H100 80GB HBM3" is the SXM part.
+GPU_PEAK_FLOPS = {
+    "H100 PCIe": 756e12,  # H100 datasheet: 1,513 TFLOPS bf16 with sparsity
+    "H100 NVL": 835e12,  # H100 datasheet: 1,671 TFLOPS bf16 with sparsity
+    "H100": 989e12,  # H100 SXM: 1,979 with sparsity
+    "H200": 989e12,  # H200 datasheet: same Hopper tensor cores as H100 SXM
+    "A100": 312e12,  # A100 datasheet: 312 TFLOPS bf16 dense
+}
+
+
+def flops_per_token(config):
+    """Training FLOPs per token, 6N + 12*L*T*d: 6 per weight for the forward and backward
+    matrix products plus the attention scores and mixing (PaLM, Chowdhery et al. 2022,
+    appendix B; nanoGPT's estimate_mfu). N counts the weights used in matrix products:
+    everything but the embedding lookups (a tied wte counts once, as the lm_head)."""
+    return _flops_per_token(*dataclasses.astuple(config))  # cached: asked at every log line
+
+
+@functools.lru_cache(maxsize=8)
+def _flops_per_token(*fields):
+    config = GPTConfig(*fields)
+    with torch.device("meta"):  # shapes only: no memory, even for 7B
+        model = GPT(config)
+    n = model.num_params(non_embedding=True) + model.lm_head.weight.numel()
+    return 6 * n + 12 * config.n_layer * config.block_size * config.n_embd
+
+
+def estimate_mfu(config, tokens_per_second, peak_flops):
+    """Model FLOPs utilization: the fraction of the device's peak that training uses."""
+    return flops_per_token(config) * tokens_per_second / peak_flops
+
+
+def peak_flops_for_device(device):
+    """Peak bf16 FLOP/s of a known CUDA GPU, or None (CPU, unknown GPU: measure it)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in GPU_PEAK_FLOPS.items():
+        if key in name:
+            return flops
+    return None

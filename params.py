@@ -1,0 +1,131 @@
+"""Where a GPT's parameters are: an exact count per component beside the 12·L·d² estimate.
+
+Each block holds about 12·d² weights: 4·d² in attention (q, k, v and the output
+projection) and 8·d² in the MLP (d -> 4d -> d); Kaplan et al. 2020 (section 2.1) count
+a model's size as these non-embedding parameters. The model is built on PyTorch's meta
+device, so shapes exist but no memory is allocated: a 7B-shaped config counts in a second.
+
+    python params.py configs/gpt2.py              # 124,439,808
+    python params.py configs/llama2_7b.py         # 6,738,415,616
+    python params.py --n_layer=6 --n_head=6 --n_embd=384 --vocab_size=65 --block_size=256
+
+A config file may hold training settings too; only the GPTConfig fields are used.
+"""
+
+import dataclasses
+import difflib
+import sys
+import typing
+
+import torch
+
+from config import check_value, parse_value, read_config_file, split_argv
+from errors import UserError, run_main
+from model import GPT, GPTConfig
+
+COMPONENTS = (
+    ("token embedding (wte)", "transformer.wte."),
+    ("position embedding (wpe)", "transformer.wpe."),
+    ("attention (c_attn, c_proj, q/k norms)", ".attn."),
+    ("MLP (c_fc, c_proj)", ".mlp."),
+    ("block norms (ln_1, ln_2)", (".ln_1.", ".ln_2.")),
+    ("final norm (ln_f)", "transformer.ln_f."),
+    ("output layer (lm_head)", "lm_head."),
+)
+EMBEDDING_COMPONENTS = ("token embedding (wte)", "position embedding (wpe)", "output layer (lm_head)")
+
+
+def _matches(param_name, marker):
+    markers = marker if isinstance(marker, tuple) else (marker,)
+    return any(m in param_name for m in markers)
+
+
+def meta_model(config):
+    with torch.device("meta"):  # shapes only, no memory
+        return GPT(config)
+
+
+def parameter_table(config):
+    """[(component, count), ...] in COMPONENTS order, every parameter counted once (a
+    tied lm_head shares wte's matrix and counts 0)."""
+    counts = {name: 0 for name, _ in COMPONENTS}
+    for param_name, p in meta_model(config).named_parameters():  # tied weights appear once
+        component = next(name for name, marker in COMPONENTS if _matches(param_name, marker))
+        counts[component] += p.numel()
+    return list(counts.items())
+
+
+def format_parameter_report(config):
+    rows = parameter_table(config)
+    counts = dict(rows)
+    total = sum(counts.values())
+    non_embedding = total - sum(counts[name] for name in EMBEDDING_COMPONENTS)
+    L, d = config.n_layer, config.n_embd
+    estimate = 12 * L * d * d
+    embedding_estimate = config.padded_vocab_size * d * (1 if config.tie_embeddings else 2)
+    if config.pos_encoding == "learned":
+        embedding_estimate += config.block_size * d
+
+    lines = [
+        f"{L} layers, {config.n_head} heads, width {d}, vocabulary {config.vocab_size}, "
+        f"context {config.block_size}, {config.mlp} MLP (hidden {config.hidden_size}), "
+        f"{config.norm}, {config.pos_encoding} positions, "
+        f"{'tied' if config.tie_embeddings else 'untied'} embeddings, biases {'on' if config.bias else 'off'}",
+        "",
+        f"{'component':<40}{'parameters':>16}{'share':>8}",
+    ]
+    for name, count in rows:
+        if count or name == "output layer (lm_head)":
+            note = "  (tied to wte)" if name == "output layer (lm_head)" and config.tie_embeddings else ""
+            lines.append(f"{name:<40}{count:>16,}{count / total:>8.1%}{note}")
+    lines += [
+        f"{'total':<40}{total:>16,}",
+        "",
+        f"{'':<40}{'exact':>16}{'estimate':>16}{'exact/est.':>12}",
+        f"{'without embeddings (12·L·d²)':<40}{non_embedding:>16,}{estimate:>16,}{non_embedding / estimate:>12.4f}",
+        f"{'with embeddings (+ V·d per table, T·d)':<40}{total:>16,}{estimate + embedding_estimate:>16,}"
+        f"{total / (estimate + embedding_estimate):>12.4f}",
+    ]
+    return "\n".join(lines)
+
+
+def config_from_argv(argv):
+    """GPTConfig from [CONFIG.py] [--key=value ...]; keys a config file sets for other
+    scripts (learning_rate, ...) are ignored, unknown --keys are an error."""
+    types = typing.get_type_hints(GPTConfig)  # field name -> type
+    path, pairs = split_argv(argv)
+    values = {}
+    if path is not None:
+        for name, value in read_config_file(path).items():
+            if name not in types:
+                continue  # a training or sampling setting: not ours to judge
+            if not check_value(value, types[name]):
+                raise UserError(f"{name} = {value!r} in {path}: does not fit the setting's type")
+            values[name] = value
+    for name, text, where in pairs:
+        if name not in types:
+            close = difflib.get_close_matches(name, list(types), n=1)
+            hint = f" (did you mean '--{close[0]}'?)" if close else ""
+            raise UserError(f"unknown model setting '{where}'{hint}")
+        try:
+            values[name] = parse_value(text, types[name])
+        except ValueError as e:
+            raise UserError(f"bad value for {where}: {text!r} ({e})")
+    try:
+        return GPTConfig(**values)
+    except ValueError as e:
+        raise UserError(str(e))
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in argv or "--help" in argv:
+        print(__doc__.strip())
+        print("\nmodel settings: " + ", ".join(f.name for f in dataclasses.fields(GPTConfig)))
+        return 0
+    print(format_parameter_report(config_from_argv(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,96 @@
+"""Choosing the next token from the model's logits: temperature and the usual filters.
+
+A pure function of a (B, V) batch of logits, so each rule can be tested without a
+model. `GPT.generate` calls it once per new token. The steps, in order:
+
+    1. repetition penalty on the raw logits (CTRL, Keskar et al. 2019)
+    2. temperature 0: take the argmax, nothing else applies
+    3. divide by the temperature
+    4. top_k, then top_p (nucleus), then min_p: each removes tokens (logit -> -inf)
+    5. sample one token from the softmax of what is left
+
+    python -c "import torch, sampling; print(sampling.choose_next_token(torch.randn(2, 5), top_k=2))"
+"""
+
+import torch
+
+
+def check_sampling_options(temperature=1.0, top_k=None, top_p=None, min_p=None, repetition_penalty=1.0):
+    """Raise ValueError naming the option when a value makes no sense."""
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0 (0 means greedy)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k} must be >= 1 (or None for no limit)")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p} must be in (0, 1] (or None)")
+    if min_p is not None and not 0 <= min_p <= 1:
+        raise ValueError(f"min_p={min_p} must be in [0, 1] (or None)")
+    if repetition_penalty <= 0:
+        raise ValueError(f"repetition_penalty={repetition_penalty} must be > 0 (1.0 means none)")
+
+
+def apply_repetition_penalty(logits, previous_tokens, penalty):
+    """CTRL's penalty: a token already present gets its logit divided by `penalty`
+    when positive and multiplied by it when negative, so it always becomes less likely
+    (Keskar et al. 2019, "CTRL", section 4.1)."""
+    seen = torch.gather(logits, 1, previous_tokens)  # (B, T) logits of tokens already present
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return logits.scatter(1, previous_tokens, seen)  # repeats write the same value
+
+
+def filter_top_k(logits, k):
+    """Keep the k largest logits of each row (ties with the k-th are kept too)."""
+    k = min(k, logits.size(-1))
+    kth = torch.topk(logits, k, dim=-1).values[:, -1:]  # (B, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def filter_top_p(logits, p):
+    """Nucleus sampling (Holtzman et al. 2019): keep the smallest set of most likely
+    tokens whose probabilities add up to at least p."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs  # mass of the tokens ranked above
+    drop_sorted = mass_before >= p  # the set already reached p without this token
+    drop = drop_sorted.scatter(1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def filter_min_p(logits, min_p):
+    """Keep tokens whose probability is at least min_p times the top token's
+    (Nguyen et al. 2024, "min-p sampling")."""
+    probs = torch.softmax(logits, dim=-1)
+    threshold = min_p * probs.max(dim=-1, keepdim=True).values  # (B, 1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def choose_next_token(
+    logits,
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    repetition_penalty=1.0,
+    previous_tokens=None,
+    generator=None,
+):
+    """Pick one token per row of `logits` (B, V); returns a (B,) LongTensor.
+
+    `previous_tokens` (B, T) are the ids the penalty applies to; `generator` is a
+    torch.Generator on the logits' device, for reproducible sampling.
+    """
+    check_sampling_options(temperature, top_k, top_p, min_p, repetition_penalty)
+    logits = logits.float()  # filters and softmax in fp32 whatever the model's dtype
+    if repetition_penalty != 1.0 and previous_tokens is not None and previous_tokens.numel():
+        logits = apply_repetition_penalty(logits, previous_tokens, repetition_penalty)
+    if temperature == 0:
+        return torch.argmax(logits, dim=-1)
+    logits = logits / temperature
+    if top_k is not None:
+        logits = filter_top_k(logits, top_k)
+    if top_p is not None and top_p < 1:
+        logits = filter_top_p(logits, top_p)
+    if min_p is not None and min_p > 0:
+        logits = filter_min_p(logits, min_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)

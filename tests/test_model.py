@@ -1,0 +1,352 @@
+"""model.py: invariants of attention and the GPT, checked on tiny CPU models."""
+
+import math
+
+import pytest
+import torch
+
+from model import (
+    GPT,
+    GPU_PEAK_FLOPS,
+    CausalSelfAttention,
+    GPTConfig,
+    KVCache,
+    apply_rope,
+    estimate_mfu,
+    flops_per_token,
+    peak_flops_for_device,
+    reference_attention,
+    rope_angles,
+)
+
+POS_ENCODINGS = ("learned", "sinusoidal", "rope", "none")
+
+
+def tiny(**overrides):
+    settings = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32)
+    settings.update(overrides)
+    return GPTConfig(**settings)
+
+
+def tiny_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return GPT(tiny(**overrides)).eval()
+
+
+VARIANTS = {
+    "gpt2": {},
+    "gqa": dict(n_kv_head=2),
+    "mqa": dict(n_kv_head=1),
+    "qk_norm_rope": dict(qk_norm=True, pos_encoding="rope"),
+    "llama_like": dict(pos_encoding="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False, n_kv_head=2),
+    "post_norm_relu2": dict(norm_placement="post", mlp="relu2"),
+    "sinusoidal": dict(pos_encoding="sinusoidal"),
+    "none": dict(pos_encoding="none"),
+    "softcap_padded": dict(logit_softcap=5.0, pad_vocab_multiple=64),
+}
+
+
+def test_defaults_are_gpt2_small():
+    c = GPTConfig()
+    assert (c.block_size, c.vocab_size, c.n_layer, c.n_head, c.n_embd) == (1024, 50257, 12, 12, 768)
+    assert (c.pos_encoding, c.norm, c.norm_placement, c.mlp, c.bias, c.tie_embeddings) == (
+        "learned", "layernorm", "pre", "gelu", True, True,
+    )
+    assert c.hidden_size == 4 * 768 and c.kv_heads == 12
+
+
+def test_parameter_counts_without_allocating():
+    with torch.device("meta"):
+        gpt2 = GPT(GPTConfig())
+        llama = GPT(GPTConfig(
+            block_size=4096, vocab_size=32000, n_layer=32, n_head=32, n_embd=4096, bias=False,
+            pos_encoding="rope", norm="rmsnorm", mlp="swiglu", mlp_hidden=11008, tie_embeddings=False,
+        ))
+    assert gpt2.num_params() == 124_439_808
+    assert gpt2.num_params(non_embedding=True) == 124_439_808 - 50257 * 768 - 1024 * 768
+    assert llama.num_params() == 6_738_415_616
+
+
+def test_swiglu_hidden_matches_gelu_parameters():
+    gelu, swiglu = tiny(n_embd=48, n_head=4), tiny(n_embd=48, n_head=4, mlp="swiglu")
+    assert swiglu.hidden_size == 128  # 8 * 48 / 3
+    count = lambda c: sum(p.numel() for p in GPT(c).transformer.h[0].mlp.parameters() if p.dim() == 2)
+    assert count(gelu) == count(swiglu)
+
+
+@pytest.mark.parametrize(
+    "overrides, names",
+    [
+        (dict(n_embd=30, n_head=4), ["n_embd=30", "n_head=4"]),
+        (dict(n_kv_head=3), ["n_head=4", "n_kv_head=3"]),
+        (dict(n_kv_head=8), ["n_kv_head=8"]),
+        (dict(n_embd=12, n_head=4, pos_encoding="rope"), ["rope", "head size", "n_embd/n_head"]),
+        (dict(pos_encoding="alibi"), ["pos_encoding='alibi'", "learned"]),
+        (dict(norm="batchnorm"), ["norm='batchnorm'"]),
+        (dict(mlp="geglu"), ["mlp='geglu'", "swiglu"]),
+        (dict(norm_placement="sandwich"), ["norm_placement"]),
+        (dict(dropout=1.0), ["dropout=1.0"]),
+        (dict(n_layer=0), ["n_layer=0"]),
+        (dict(logit_softcap=-1.0), ["logit_softcap"]),
+        (dict(pad_vocab_multiple=0), ["pad_vocab_multiple"]),
+    ],
+)
+def test_invalid_configs_name_the_fields(overrides, names):
+    with pytest.raises(ValueError) as info:
+        tiny(**overrides)
+    for name in names:
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_causality(variant):
+    model = tiny_model(**VARIANTS[variant])
+    idx = torch.randint(0, 37, (2, 12))
+    j = 7
+    changed = idx.clone()
+    changed[:, j] = (changed[:, j] + 1) % 37
+    before, after = model(idx)[0], model(changed)[0]
+    torch.testing.assert_close(before[:, :j], after[:, :j], rtol=0, atol=1e-6)
+    assert (before[:, j:] - after[:, j:]).abs().max() > 1e-4  # position j and later do see it
+
+
+def test_attention_without_mask_is_permutation_equivariant():
+    q, k, v = torch.randn(3, 1, 2, 6, 8).unbind(0)  # (B, H, T, D) each
+    perm = torch.randperm(6)
+    out = reference_attention(q, k, v, causal=False)
+    permuted = reference_attention(q[:, :, perm], k[:, :, perm], v[:, :, perm], causal=False)
+    torch.testing.assert_close(permuted, out[:, :, perm])
+
+
+@pytest.mark.parametrize("pos_encoding", POS_ENCODINGS)
+def test_order_blindness_without_positions(pos_encoding):
+    # The last token attends to a *set* of tokens: without position information, one
+    # layer cannot tell any order of the earlier tokens apart. (Deeper causal models can:
+    # the mask itself leaks order, Haviv et al. 2022.)
+    model = tiny_model(n_layer=1, pos_encoding=pos_encoding)
+    with torch.no_grad():  # sharper attention than at init, so that order would show
+        model.transformer.h[0].attn.c_attn.weight.mul_(20)
+    idx = torch.arange(10)[None] % 37 + 3
+    shuffled = torch.cat([idx[:, :-1][:, torch.tensor([3, 0, 8, 1, 5, 2, 7, 4, 6])], idx[:, -1:]], dim=1)
+    last, last_shuffled = model(idx)[0][:, -1], model(shuffled)[0][:, -1]
+    if pos_encoding == "none":
+        torch.testing.assert_close(last, last_shuffled, rtol=0, atol=1e-5)
+    else:
+        assert (last - last_shuffled).abs().max() > 1e-3
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    D = 16
+    cos, sin = rope_angles(64, D, theta=10000.0, dtype=torch.float64)
+
+    def rotate(x, m):  # R_m x; R_-m is the inverse rotation (same cosine, sine negated)
+        c, s = cos[abs(m)][None], sin[abs(m)][None] * (1 if m >= 0 else -1)
+        return apply_rope(x[None], c, s)[0]
+
+    q, k = torch.randn(2, D, dtype=torch.float64).unbind(0)
+    for m, n in [(0, 0), (3, 10), (10, 3), (20, 50), (63, 1)]:
+        torch.testing.assert_close(torch.dot(rotate(q, m), rotate(k, n)), torch.dot(q, rotate(k, n - m)))
+    assert not torch.allclose(rotate(q, 5), q)  # it does rotate
+    torch.testing.assert_close(rotate(q, 5).norm(), q.norm())  # and keeps lengths
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_sdpa_matches_reference_formula(variant):
+    fast = tiny_model(**VARIANTS[variant])
+    slow = GPT(tiny(attention="reference", **VARIANTS[variant])).eval()
+    slow.load_state_dict(fast.state_dict())
+    idx = torch.randint(0, 37, (2, 16))
+    torch.testing.assert_close(fast(idx)[0], slow(idx)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_reference_attention_stages():
+    q, k, v = torch.randn(3, 1, 2, 5, 4).unbind(0)
+    out, stages = reference_attention(q, k, v, return_stages=True)
+    torch.testing.assert_close(stages["scaled"].tril(), (q @ k.transpose(-2, -1) / 2).tril())
+    assert torch.isinf(stages["scaled"].triu(1)[..., 0, 1:]).all()
+    torch.testing.assert_close(stages["weights"].sum(-1), torch.ones(1, 2, 5))
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+@pytest.mark.parametrize("variant", ["gpt2", "gqa", "qk_norm_rope"])
+def test_cache_chunks_match_full_forward(variant):
+    model = tiny_model(**VARIANTS[variant])
+    idx = torch.randint(0, 37, (2, 12))
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    pieces = [model._logits(model._hidden(idx[:, a:b], cache)) for a, b in [(0, 5), (5, 6), (6, 9), (9, 12)]]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), model(idx)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pos_encoding", POS_ENCODINGS)
+def test_cached_greedy_equals_recomputation_past_block_size(pos_encoding):
+    model = tiny_model(pos_encoding=pos_encoding, n_kv_head=2, qk_norm=pos_encoding == "rope")
+    prompt = torch.randint(0, 37, (2, 5))
+    cached = model.generate(prompt, 40, temperature=0)  # 45 tokens, block_size 16
+    recomputed = model.generate(prompt, 40, temperature=0, use_cache=False)
+    assert cached.shape == (2, 45)
+    assert torch.equal(cached, recomputed)
+
+
+def test_prompt_longer_than_block_size_is_cropped():
+    model = tiny_model(pos_encoding="rope")
+    prompt = torch.randint(0, 37, (1, 30))
+    out = model.generate(prompt, 5, temperature=0)
+    assert torch.equal(out[:, :30], prompt)
+    assert torch.equal(out, model.generate(prompt, 5, temperature=0, use_cache=False))
+    assert torch.equal(out[:, 30], model(prompt[:, -16:])[0][:, -1].argmax(-1))
+
+
+def test_shift_context_matches_until_the_window_fills():
+    model = tiny_model(pos_encoding="rope")
+    prompt = torch.randint(0, 37, (2, 3))
+    exact = model.generate(prompt, 30, temperature=0)
+    shifted = model.generate(prompt, 30, temperature=0, shift_context=True)
+    assert shifted.shape == exact.shape
+    assert torch.equal(shifted[:, :17], exact[:, :17])  # up to block_size tokens of context
+
+
+def test_sampled_generation_is_reproducible_and_streams():
+    model = tiny_model()
+    prompt = torch.randint(0, 37, (3, 4))
+    a = model.generate(prompt, 20, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(1))
+    b = model.generate(prompt, 20, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(1))
+    streamed = list(model.generate_stream(prompt, 20, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(1)))
+    assert torch.equal(a, b)
+    assert all(t.shape == (3,) and t.dtype == torch.long for t in streamed)
+    assert torch.equal(torch.stack(streamed, dim=1), a[:, 4:])
+    c = model.generate(prompt, 20, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(2))
+    assert not torch.equal(a, c)
+
+
+def test_stop_tokens_finish_rows():
+    model = tiny_model()
+    prompt = torch.randint(0, 37, (2, 4))
+    free = model.generate(prompt, 12, temperature=0)
+    stop = int(free[0, 6])  # row 0 emits it at its third new token (or earlier)
+    out = model.generate(prompt, 12, temperature=0, stop_tokens=[stop])
+    for row in range(2):
+        new = free[row, 4:]
+        hits = (new == stop).nonzero()
+        if len(hits):
+            first = int(hits[0])
+            assert torch.equal(out[row, 4 : 4 + first + 1], new[: first + 1])
+            assert (out[row, 4 + first + 1 :] == stop).all()  # later positions repeat the stop token
+        else:
+            assert torch.equal(out[row, 4:], new[: out.size(1) - 4])
+    single = model.generate(prompt[:1], 12, temperature=0, stop_tokens=[int(free[0, 4])])
+    assert single.shape == (1, 5)  # ended as soon as every row was finished
+
+
+def test_padded_vocabulary_is_never_predicted():
+    model = tiny_model(pad_vocab_multiple=64)
+    assert model.transformer.wte.weight.shape[0] == 64
+    with torch.no_grad():
+        model.transformer.wte.weight[37:] = 10.0  # padding rows would win every argmax
+    idx = torch.randint(0, 37, (2, 6))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (2, 6, 37) and torch.isfinite(loss)
+    assert model.generate(idx, 10, temperature=1.0).max() < 37
+
+
+def test_loss_is_mean_cross_entropy_ignoring_minus_one():
+    model = tiny_model()
+    idx, targets = torch.randint(0, 37, (2, 8)), torch.randint(0, 37, (2, 8))
+    targets[0, :3] = -1
+    logits, loss = model(idx, targets)
+    keep = targets != -1
+    expected = torch.nn.functional.cross_entropy(logits[keep], targets[keep])
+    torch.testing.assert_close(loss, expected)
+    assert loss.dtype == torch.float32
+
+
+def test_gpt2_initialization():
+    model = GPT(tiny(n_layer=4, n_embd=256, n_head=4, vocab_size=500, block_size=64))
+    params = dict(model.named_parameters())
+    for name in ("transformer.h.0.attn.c_attn.weight", "transformer.h.1.mlp.c_fc.weight", "transformer.wte.weight"):
+        assert abs(params[name].std().item() - 0.02) < 0.001, name
+    for name in ("transformer.h.0.attn.c_proj.weight", "transformer.h.3.mlp.c_proj.weight"):
+        assert abs(params[name].std().item() - 0.02 / math.sqrt(8)) < 0.0005, name
+    assert (params["transformer.h.0.attn.c_attn.bias"] == 0).all()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert GPT(tiny(tie_embeddings=False)).lm_head.weight is not GPT(tiny(tie_embeddings=False)).transformer.wte.weight
+
+
+def test_zero_init_proj():
+    model = GPT(tiny(zero_init_proj=True))
+    for name, p in model.named_parameters():
+        if name.endswith("c_proj.weight"):
+            assert (p == 0).all(), name
+        elif name.endswith("c_fc.weight"):
+            assert p.abs().sum() > 0
+
+
+def test_block_matrices_are_the_only_2d_parameters_in_blocks():
+    # The Muon optimizer takes every 2-D parameter under transformer.h.: they must all be matrices.
+    model = GPT(tiny(qk_norm=True, norm="rmsnorm", mlp="swiglu", pos_encoding="rope", tie_embeddings=False))
+    in_blocks = [n for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2]
+    assert in_blocks and all(n.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) for n in in_blocks)
+
+
+def test_attention_module_qkv_split():
+    attn = CausalSelfAttention(GPTConfig(n_embd=4, n_head=1))
+    assert attn.c_attn.out_features == 12
+    x = torch.randn(2, 3, 4)
+    q, k, v = attn.qkv(x)
+    assert q.shape == k.shape == v.shape == (2, 1, 3, 4)
+    fused = attn.c_attn(x)  # (B, T, 3C)
+    torch.testing.assert_close(q[:, 0], fused[..., :4])
+    torch.testing.assert_close(v[:, 0], fused[..., 8:])
+
+
+def test_attention_maps():
+    model = tiny_model(pos_encoding="rope", n_kv_head=2)
+    idx = torch.randint(0, 37, (2, 9))
+    maps = model.attention_maps(idx, layer=1)
+    assert maps.shape == (2, 4, 9, 9)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(2, 4, 9))
+    assert (maps.triu(1) == 0).all()
+    with pytest.raises(ValueError, match="layer=2"):
+        model.attention_maps(idx, layer=2)
+
+
+@pytest.mark.parametrize("pos_encoding", POS_ENCODINGS)
+def test_crop_block_size(pos_encoding):
+    model = tiny_model(pos_encoding=pos_encoding)
+    idx = torch.randint(0, 37, (1, 8))
+    before = model(idx)[0]
+    model.crop_block_size(8)
+    torch.testing.assert_close(model(idx)[0], before)
+    with pytest.raises(ValueError, match="block_size=8"):
+        model(torch.randint(0, 37, (1, 9)))
+    assert model.generate(idx, 4, temperature=0).shape == (1, 12)
+
+
+def test_flops_and_mfu():
+    c = GPTConfig()
+    n = 124_439_808 - 1024 * 768  # the position table is a lookup, not a matrix product
+    assert flops_per_token(c) == 6 * n + 12 * 12 * 1024 * 768
+    assert estimate_mfu(c, 1000.0, 312e12) == pytest.approx(flops_per_token(c) * 1000 / 312e12)
+    assert GPU_PEAK_FLOPS["A100"] == 312e12 and GPU_PEAK_FLOPS["H100"] == 989e12 and GPU_PEAK_FLOPS["H200"] == 989e12
+    assert peak_flops_for_device("cpu") is None
+
+
+def test_peak_flops_matches_device_names(monkeypatch):
+    for name, expected in [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
+                           ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA H200", 989e12), ("Tesla T4", None)]:
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, n=name: n)
+        assert peak_flops_for_device("cuda") == expected, name
+
+
+def test_training_steps_lower_the_loss():
+    torch.manual_seed(0)
+    model = GPT(tiny(pos_encoding="rope", mlp="swiglu", norm="rmsnorm", dropout=0.1)).train()
+    data = torch.arange(17).repeat(4, 1) % 37  # a fixed sequence to memorize
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        _, loss = model(data[:, :-1], data[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
