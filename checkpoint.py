@@ -74,9 +74,12 @@ def load_checkpoint(path, map_location="cpu"):
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
+        # torch's own message suggests weights_only=False, exactly the wrong advice here:
+        # show only the line that names the offending object.
+        culprit = next((line for line in str(e).splitlines() if "GLOBAL" in line or "global" in line), "")
         raise UserError(
             f"refusing to load {path}: it holds pickled Python objects that could run code "
-            f"(only tensors and plain values are allowed). Details: {str(e).splitlines()[0]}"
+            f"(only tensors and plain values are allowed). {culprit.strip()}"
         )
     except (RuntimeError, EOFError, OSError, ValueError, IndexError, KeyError) as e:
         raise _damaged(path, e)

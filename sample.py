@@ -315,6 +315,10 @@ class TextStream:
     def push(self, token):
         if self.stopped:
             return
+        if token == self.tokenizer.eot_id:  # a BPE model ended its document
+            self.close()
+            self.stopped = True
+            return
         self.pending.append(token)
         piece = self.tokenizer.decode(self.pending)
         if piece.endswith(REPLACEMENT) and len(self.pending) < MAX_PENDING:
@@ -358,6 +362,7 @@ def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None):
             idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
             min_p=cfg.min_p, repetition_penalty=cfg.repetition_penalty, generator=generator,
             use_cache=cfg.use_cache, shift_context=cfg.shift_context,
+            stop_tokens=None if tokenizer.eot_id is None else [tokenizer.eot_id],
         )
         try:
             for tokens in steps:  # (B,) the next token of every sample

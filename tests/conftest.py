@@ -11,6 +11,10 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", SHARED_DATA / "tinyshakespeare" / "input.txt"))
 TIKTOKEN_CACHE = SHARED_DATA / "tiktoken"
 
+# Tiny test models are dominated by per-op overhead, and torch's thread pool makes
+# them many times slower when the cores are shared (subprocess training, DDP ranks).
+torch.set_num_threads(1)
+
 # Point tiktoken at the offline GPT-2 BPE files before anything imports it.
 if "TIKTOKEN_CACHE_DIR" not in os.environ and TIKTOKEN_CACHE.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(TIKTOKEN_CACHE)

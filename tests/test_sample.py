@@ -199,6 +199,15 @@ def test_text_stream_holds_back_a_possible_stop_string():
     assert stream.take_new() == "" and stream.text == "xyacz"
 
 
+def test_end_of_text_ends_a_bpe_sample(tiktoken_available):
+    tok = tokenizer_from_dict({"type": "gpt2"})
+    stream = sample.TextStream(tok)
+    for i in tok.encode("Hello") + [tok.eot_id] + tok.encode(" world") + [tok.eot_id]:
+        stream.push(i)
+    stream.close()
+    assert stream.stopped and stream.take_new() == "Hello"
+
+
 def test_text_stream_never_splits_a_utf8_character(tiktoken_available):
     tok = tokenizer_from_dict({"type": "gpt2"})
     text = "héllo 世界, naïve café 🙂!"
