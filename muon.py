@@ -1,0 +1,164 @@
+"""Muon: momentum whose update is orthogonalised, for the hidden weight matrices.
+
+Muon (Keller Jordan, 2024, https://kellerjordan.github.io/posts/muon/ and
+https://github.com/KellerJordan/Muon) keeps SGD momentum for each 2-D weight
+matrix, then replaces the update by its nearest semi-orthogonal matrix U·Vᵀ
+(from the SVD U·S·Vᵀ of the momentum) before applying it. Every direction of
+the update then moves by the same amount, so rare directions are not drowned
+out by the dominant ones. The SVD is too slow, so a few Newton–Schulz
+iterations approximate U·Vᵀ with matrix products only.
+
+Muon is meant for the matrices inside the Transformer blocks; embeddings, the
+output head, norm gains and biases stay with AdamW (same sources; the
+speedrun's recipe). `split_params_for_muon` makes that split; `optim.py` builds
+both optimizers from it, e.g. when training with
+
+    python train.py configs/shakespeare.py --optimizer=muon
+
+Under DDP the gradients are already averaged across ranks before `step()`, so
+every rank computes the same update from the same numbers: this optimizer
+needs no communication of its own.
+"""
+
+import torch
+
+# Coefficients of the quintic p(x) = a·x + b·x³ + c·x⁵ applied to the singular
+# values, from Keller Jordan's Muon (zeropower_via_newtonschulz5). They are
+# chosen to make the slope at 0 as large as possible (a = 3.4445), so small
+# singular values grow fast, while still keeping every value inside roughly
+# [0.7, 1.2] after 5 steps instead of converging exactly to 1; the post
+# reports that this inexactness does not hurt training.
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+# Added to the Frobenius norm before dividing, so an all-zero gradient stays
+# zero instead of becoming NaN (same value as the reference implementation).
+NS_EPS = 1e-7
+
+
+def orthogonalize(G, steps=5):
+    """Approximately replace G (rows, cols) by U·Vᵀ from its SVD G = U·S·Vᵀ.
+
+    Returns a tensor of G's shape and dtype whose singular values lie in about
+    [0.68, 1.2] (measured on random matrices; tiny singular values of nearly
+    singular G grow less). Runs in bfloat16 on CUDA as the reference does, and
+    in float32 elsewhere because bfloat16 matrix products are slow on CPUs.
+    """
+    assert G.ndim == 2, f"orthogonalize expects a matrix, got shape {tuple(G.shape)}"
+    a, b, c = NS_COEFFICIENTS
+    X = G.to(torch.bfloat16 if G.is_cuda else torch.float32)
+    tall = G.size(0) > G.size(1)
+    if tall:
+        # Work on the wide orientation so X @ Xᵀ is the smaller Gram matrix.
+        X = X.mT  # (cols, rows)
+    # The iteration only converges for singular values in (0, √3); dividing by
+    # the Frobenius norm (≥ the largest singular value) puts them all in (0, 1].
+    X = X / (X.norm() + NS_EPS)
+    for _ in range(steps):
+        A = X @ X.mT  # (r, r) with r = min(rows, cols)
+        B = b * A + c * (A @ A)  # (r, r)
+        X = a * X + B @ X  # each singular value s becomes a·s + b·s³ + c·s⁵
+    if tall:
+        X = X.mT  # (rows, cols)
+    return X.to(G.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    """Orthogonalised momentum for 2-D parameters; see the module docstring.
+
+    params: tensors or (name, tensor) pairs (names appear in error messages).
+    lr: step size of the orthogonalised update (0.02, Keller Jordan's Muon).
+    momentum: 0.95 (same source); nesterov: look ahead along the momentum.
+    weight_decay: decoupled, as in AdamW: p ← p·(1 − lr·weight_decay).
+    """
+
+    def __init__(self, params, lr=0.02, momentum=0.95, nesterov=True, ns_steps=5, weight_decay=0.0):
+        if not lr >= 0.0:
+            raise ValueError(f"Muon lr must be >= 0, got {lr}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"Muon momentum must be in [0, 1), got {momentum}")
+        if not (isinstance(ns_steps, int) and ns_steps >= 1):
+            raise ValueError(f"Muon ns_steps must be a whole number >= 1, got {ns_steps!r}")
+        if not weight_decay >= 0.0:
+            raise ValueError(f"Muon weight_decay must be >= 0, got {weight_decay}")
+        defaults = dict(
+            lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay
+        )
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group):
+        # Called for every group, by __init__ too: reject anything that is not a
+        # matrix here, before a step could fail halfway through.
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        names = group.get("param_names") or [None] * len(group["params"])
+        for p, name in zip(group["params"], names):
+            if p.ndim != 2:
+                self.param_groups.pop()
+                what = f"parameter '{name}'" if name else "a parameter"
+                raise ValueError(
+                    f"Muon only handles 2-D weight matrices, but {what} has shape "
+                    f"{tuple(p.shape)}: give it to AdamW instead (see split_params_for_muon)"
+                )
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, beta = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                buf = state["momentum_buffer"]
+                # Momentum as an exponential average (the reference's current
+                # form). Up to a constant factor, which the normalisation in
+                # orthogonalize removes, this is SGD's buf = beta·buf + g.
+                buf.lerp_(g, 1 - beta)
+                # Nesterov: step along (1 - beta)·g + beta·buf, a look-ahead.
+                direction = g.lerp(buf, beta) if group["nesterov"] else buf
+                update = orthogonalize(direction, steps=group["ns_steps"])
+                # Scale by sqrt(max(1, rows/cols)) so tall matrices (e.g. the
+                # MLP's c_fc, 4C x C) get an update whose per-element size
+                # matches a square one's (Keller Jordan's Muon, muon_update).
+                rows, cols = p.shape
+                scale = max(1.0, rows / cols) ** 0.5
+                if group["weight_decay"] > 0:
+                    p.mul_(1 - lr * group["weight_decay"])
+                p.add_(update, alpha=-lr * scale)
+        return loss
+
+
+BLOCK_PREFIX = "transformer.h."
+
+
+def split_params_for_muon(model):
+    """([(name, p)] for Muon, [(name, p)] for AdamW) covering every trainable parameter.
+
+    Muon gets each 2-D parameter inside the Transformer blocks (names starting
+    with 'transformer.h.': attention and MLP matrices). AdamW gets the rest:
+    token/position embeddings, the output head, norm gains and biases; the
+    Muon post explains that embeddings and the head are not hidden-layer
+    matrices and do better with AdamW. `named_parameters()` lists a tied
+    lm_head/wte weight once, so it lands in exactly one list.
+    """
+    muon, adamw = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name.startswith(BLOCK_PREFIX) and p.ndim == 2:
+            muon.append((name, p))
+        else:
+            adamw.append((name, p))
+    if not muon:
+        names = [name for name, _ in model.named_parameters()][:3]
+        raise ValueError(
+            f"no block matrices found (no 2-D parameter named '{BLOCK_PREFIX}*'; first names: "
+            f"{names}): pass the raw GPT, not a DDP- or torch.compile-wrapped one"
+        )
+    return muon, adamw
