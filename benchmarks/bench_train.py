@@ -1,0 +1,131 @@
+"""Training speed: ms per iteration, tokens/s and MFU of train.py's own loop.
+
+    python bench.py train                                   # CPU: quick start and nanoGPT's CPU shape
+    python bench.py train --model gpt2 --block_size 1024    # GPU: GPT-2 124M (scripts/gpu_check.sh)
+
+Each row runs `train.main` in this process on a generated dataset (random token
+ids: speed does not depend on the text) for --iters steps and reports medians
+over the steps after --warmup. MFU is against the measured fp32 matmul peak on a
+CPU and the datasheet bf16 peak on CUDA. The runs use learning_rate 0, so the val
+loss never improves and no checkpoint is written (the optimizer still does all of
+its arithmetic): the table measures training, not the disk.
+"""
+
+import contextlib
+import io
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+
+SHAPES = {
+    # configs/shakespeare.py's model and batch (read from the file below)
+    "quickstart": None,
+    # nanoGPT README's "I only have a CPU" run: 4 layers, 4 heads, 128 wide, context 64, batch 12
+    "nanogpt_cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, bias=False, vocab_size=65),
+    # GPT-2 small as configs/gpt2.py trains it, one micro-batch per step on one device
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, batch_size=12, bias=False,
+                 vocab_size=50257, pad_vocab_multiple=64),
+}
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "pad_vocab_multiple")
+
+
+def add_arguments(parser):
+    parser.add_argument("--model", default="quickstart,nanogpt_cpu", help="comma-separated: " + ", ".join(SHAPES))
+    parser.add_argument("--iters", type=int, default=30, help="training steps per row (default 30)")
+    parser.add_argument("--warmup", type=int, default=5, help="first steps left out of the medians (default 5)")
+    parser.add_argument("--block_size", type=int, default=None, help="override the shape's context length")
+    parser.add_argument("--batch_size", type=int, default=None, help="override the shape's micro-batch")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda (default auto)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    parser.add_argument("--compile", default="auto", help="auto (on for CUDA), true, false")
+
+
+def quickstart_shape():
+    from config import read_config_file
+
+    cfg = read_config_file(REPO / "configs" / "shakespeare.py")
+    shape = {k: cfg[k] for k in (*MODEL_KEYS, "batch_size") if k in cfg}
+    shape["vocab_size"] = 65  # Tiny Shakespeare's characters
+    return shape
+
+
+def write_random_dataset(folder, vocab_size, n_train=2_000_000, n_val=200_000, seed=0):
+    dtype = "uint16" if vocab_size <= 65536 else "uint32"
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    rng.integers(0, vocab_size, n_train).astype(dtype).tofile(folder / "train.bin")
+    rng.integers(0, vocab_size, n_val).astype(dtype).tofile(folder / "val.bin")
+    tokenizer = {"type": "gpt2"} if vocab_size == 50257 else {"type": "char", "chars": [chr(32 + i) for i in range(vocab_size)]}
+    meta = {"format_version": 1, "tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": dtype,
+            "eot_id": None, "num_tokens": {"train": n_train, "val": n_val}, "sources": [],
+            "split": {"rule": "random ids for benchmarking", "val_fraction": 0.1}, "fingerprint": "random"}
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def measure(name, shape, args, tmp):
+    """Median ms/iter, tokens/s and MFU of one train.py run; also its resolved device."""
+    import train
+
+    data_dir, out_dir = Path(tmp) / "data", Path(tmp) / f"out-{name}"
+    write_random_dataset(data_dir / name, shape["vocab_size"])
+    settings = {k: v for k, v in shape.items() if k != "vocab_size"}
+    settings.update(
+        dataset=name, data_dir=data_dir, out_dir=out_dir, max_iters=args.iters, eval_interval=10**9,
+        eval_iters=1, log_interval=1, learning_rate=0.0, always_save_checkpoint="false", dropout=0.0,
+        gradient_accumulation_steps=1, warmup_iters=0, device=args.device, dtype=args.dtype,
+        compile=args.compile, progress_bar="false",
+    )
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = train.main([f"--{k}={v}" for k, v in settings.items()])
+    assert code == 0, f"train.py exited with {code}"
+    config = json.loads((out_dir / "config.json").read_text())
+    steps = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r["kind"] == "train"][args.warmup :]
+    assert steps, f"--iters {args.iters} leaves no steps after --warmup {args.warmup}"
+    ms = statistics.median(r["ms_per_iter"] for r in steps)
+    tokens_per_s = statistics.median(r["tokens_per_s"] for r in steps)
+    return config, ms, tokens_per_s
+
+
+def run(args):
+    import torch
+
+    from benchmarks.report import Table, measure_matmul_flops
+    from model import GPT, GPTConfig, estimate_mfu, peak_flops_for_device
+
+    names = [n.strip() for n in args.model.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown:
+        raise SystemExit(f"unknown --model {unknown}: choose from {', '.join(SHAPES)}")
+    table = Table(
+        "train: train.py's loop, one device",
+        ["shape", "params (M)", "block", "batch", "device", "dtype", "compile", "ms/iter", "tokens/s", "MFU"],
+        note=f"Medians over steps {args.warmup}..{args.iters - 1}; random token ids; learning_rate 0 (no checkpoint "
+        "writes). MFU: 6N + 12LTd FLOPs per token against the measured fp32 matmul peak on CPU, the datasheet "
+        "bf16 peak on CUDA.",
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            shape = dict(quickstart_shape() if name == "quickstart" else SHAPES[name])
+            if args.block_size:
+                shape["block_size"] = args.block_size
+            if args.batch_size:
+                shape["batch_size"] = args.batch_size
+            config, ms, tokens_per_s = measure(name, shape, args, tmp)
+            model_cfg = GPTConfig(**{f: config[f] for f in GPTConfig.__dataclass_fields__})
+            device = config["device"]
+            if device.startswith("cuda"):
+                peak = peak_flops_for_device(device)
+            else:
+                peak = getattr(args, "cpu_peak_flops", None) or measure_matmul_flops("cpu")
+            mfu = f"{100 * estimate_mfu(model_cfg, tokens_per_s, peak):.1f}%" if peak else "n/a"
+            with torch.device("meta"):  # parameter count without allocating
+                params = GPT(model_cfg).num_params() / 1e6
+            table.add_row(name, params, shape["block_size"], shape["batch_size"], device, config["dtype"],
+                          config["compile"], ms, tokens_per_s, mfu)
+    return [table]

@@ -1,0 +1,207 @@
+"""Training data: the token bins that prepare.py writes, and which windows to read.
+
+A dataset is the folder `data/<name>/` holding `train.bin`, `val.bin` (raw
+little-endian token ids) and `meta.json` (dtype, vocabulary, tokenizer, token
+counts, fingerprint). `load_meta` checks the folder before any training starts;
+`TokenBin` reads windows with `os.pread` from a file descriptor kept open (a
+memmap kept open grew memory by ~258 MB over a long run here, see RELIABILITY.md);
+`global_batch_offsets` is the batch sampler, a pure function of (seed, step):
+
+    offsets = global_batch_offsets(seed=1337, step=10, n_tokens=1_000_000,
+                                   block_size=256, global_batch=64 * 4)
+
+Rank r at micro-step m of an iteration takes the contiguous chunk number
+`r * local_accum + m` of those windows, so N ranks see exactly the windows that
+one process with N times the gradient accumulation sees.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from errors import UserError
+
+FORMAT_VERSION = 1
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+AUTO_PREPARED = ("shakespeare_char", "shakespeare")  # names prepare.py can build by itself
+EVAL_STREAM = 0xE7A1  # separates the evaluation windows' random stream from training's
+
+
+def prepare_command(name):
+    if name in AUTO_PREPARED:
+        return f"python prepare.py {name}"
+    return f"python prepare.py --input FILE --tokenizer char|gpt2 --name {name}"
+
+
+def dataset_dir(data_dir, name):
+    return Path(data_dir) / name
+
+
+def ensure_dataset(data_dir, name):
+    """Prepare a missing named dataset that prepare.py knows how to build.
+
+    Returns True when it prepared one. Anything else missing is left for
+    `load_meta`, whose error gives the exact command."""
+    folder = dataset_dir(data_dir, name)
+    if (folder / "meta.json").is_file() or name not in AUTO_PREPARED:
+        return False
+    import prepare  # only needed in this rare case; keeps start-up light
+
+    print(f"dataset {folder} is missing: preparing it now (python prepare.py {name})")
+    prepare.prepare_named_dataset(name, out_dir=str(data_dir))
+    return True
+
+
+def load_meta(data_dir, name, block_size=None):
+    """Read and check `data/<name>/meta.json` and the bins it describes.
+
+    Raises UserError naming the file and the fix for anything a user can repair:
+    a missing folder or file, a foreign format version, a vocabulary that does
+    not fit the dtype, a bin whose size disagrees with meta.json, a split
+    shorter than one block."""
+    folder = dataset_dir(data_dir, name)
+    meta_path = folder / "meta.json"
+    if not meta_path.is_file():
+        why = "does not exist" if not folder.exists() else "has no meta.json (an unfinished prepare?)"
+        raise UserError(f"dataset folder {folder} {why}: run {prepare_command(name)}")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{meta_path} is not valid JSON ({e}): run {prepare_command(name)} again")
+    for key in ("format_version", "tokenizer", "vocab_size", "dtype", "num_tokens"):
+        if key not in meta:
+            raise UserError(f"{meta_path} lacks '{key}': run {prepare_command(name)} again")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise UserError(
+            f"{meta_path} has format_version {meta['format_version']}, this code reads "
+            f"{FORMAT_VERSION}: run {prepare_command(name)} again"
+        )
+    if meta["dtype"] not in DTYPES:
+        raise UserError(f"{meta_path}: dtype {meta['dtype']!r} is not one of {list(DTYPES)}")
+    limit = np.iinfo(DTYPES[meta["dtype"]]).max + 1
+    if not 0 < meta["vocab_size"] <= limit:
+        raise UserError(
+            f"{meta_path}: vocab_size {meta['vocab_size']} does not fit dtype {meta['dtype']} "
+            f"(at most {limit}): run {prepare_command(name)} again"
+        )
+    itemsize = np.dtype(DTYPES[meta["dtype"]]).itemsize
+    for split in ("train", "val"):
+        path = folder / f"{split}.bin"
+        if not path.is_file():
+            raise UserError(f"{path} is missing: run {prepare_command(name)} again")
+        size = path.stat().st_size
+        expected = meta["num_tokens"].get(split)
+        if size % itemsize or size // itemsize != expected:
+            raise UserError(
+                f"{path} holds {size} bytes but meta.json says {expected} tokens of "
+                f"{meta['dtype']} ({expected and expected * itemsize} bytes): the file is "
+                f"truncated or stale; run {prepare_command(name)} again"
+            )
+    meta.setdefault("fingerprint", None)
+    meta.setdefault("eot_id", None)
+    if block_size is not None:
+        check_block_size(meta, block_size, folder)
+    return meta
+
+
+def check_block_size(meta, block_size, folder):
+    """Each split must hold at least one window of block_size+1 tokens."""
+    for split in ("train", "val"):
+        n = meta["num_tokens"][split]
+        if n < block_size + 1:
+            raise UserError(
+                f"{Path(folder) / (split + '.bin')} has {n} tokens, fewer than one window of "
+                f"block_size+1 = {block_size + 1}: use a smaller --block_size or more data"
+            )
+
+
+def global_batch_offsets(seed, step, n_tokens, block_size, global_batch):
+    """Start offsets of the `global_batch` windows of iteration `step`: int64 (N,).
+
+    A pure function of its arguments (a fresh generator seeded with (seed, step)),
+    so the data order needs no saved state and is the same for any number of
+    ranks. Each window is block_size+1 tokens: inputs and the next-token targets."""
+    assert n_tokens > block_size, f"{n_tokens} tokens cannot hold a window of {block_size + 1}"
+    rng = np.random.default_rng([seed, step])
+    return rng.integers(0, n_tokens - block_size, size=global_batch, dtype=np.int64)
+
+
+def micro_batch_offsets(offsets, batch_size, chunk):
+    """The windows of micro-batch `chunk` (= rank * local_accum + micro_step)."""
+    out = offsets[chunk * batch_size : (chunk + 1) * batch_size]
+    assert len(out) == batch_size, f"chunk {chunk} of {len(offsets)} offsets is short"
+    return out
+
+
+def eval_offsets(seed, split, n_tokens, block_size, batch_size, eval_iters):
+    """The windows that estimate a split's loss, as a list of int64 arrays (batches).
+
+    eval_iters > 0: the same eval_iters * batch_size random windows at every
+    evaluation (a fixed sample, so changes in the curve are the model's, not the
+    sample's). eval_iters == 0: the whole split in consecutive, non-overlapping
+    windows (the last batch may be smaller)."""
+    if eval_iters == 0:
+        starts = np.arange(0, n_tokens - block_size, block_size, dtype=np.int64)
+    else:
+        stream = {"train": 0, "val": 1}[split]
+        rng = np.random.default_rng([seed, EVAL_STREAM, stream])
+        starts = rng.integers(0, n_tokens - block_size, size=eval_iters * batch_size, dtype=np.int64)
+    return [starts[i : i + batch_size] for i in range(0, len(starts), batch_size)]
+
+
+class TokenBin:
+    """One split's token file, read window by window with os.pread."""
+
+    def __init__(self, path, dtype):
+        self.path = Path(path)
+        self.dtype = np.dtype(DTYPES[dtype] if isinstance(dtype, str) else dtype)
+        self.fd = os.open(self.path, os.O_RDONLY)
+        self.n_tokens = os.fstat(self.fd).st_size // self.dtype.itemsize
+
+    def read_windows(self, offsets, length):
+        """Token ids of the windows starting at `offsets`, each `length` long: (B, length) int64."""
+        out = np.empty((len(offsets), length), dtype=self.dtype)
+        nbytes = length * self.dtype.itemsize
+        for row, start in enumerate(offsets):
+            got = os.preadv(self.fd, [memoryview(out[row]).cast("B")], int(start) * self.dtype.itemsize)
+            assert got == nbytes, f"short read from {self.path} at token {start}: {got} of {nbytes} bytes"
+        return out.astype(np.int64)
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Batches:
+    """The (x, y) tensors of any window list, moved to the device.
+
+    On CUDA the host tensors are pinned and copied asynchronously; PyTorch's
+    pinned-memory allocator keeps each buffer until its copy has finished."""
+
+    def __init__(self, data_dir, name, meta, block_size, device):
+        folder = dataset_dir(data_dir, name)
+        self.splits = {s: TokenBin(folder / f"{s}.bin", meta["dtype"]) for s in ("train", "val")}
+        self.block_size = block_size
+        self.device = torch.device(device)
+
+    def n_tokens(self, split):
+        return self.splits[split].n_tokens
+
+    def get(self, split, offsets):
+        windows = torch.from_numpy(self.splits[split].read_windows(offsets, self.block_size + 1))
+        x = windows[:, :-1].contiguous()  # (B, T) inputs
+        y = windows[:, 1:].contiguous()  # (B, T) targets: the next token
+        if self.device.type == "cuda":
+            x = x.pin_memory().to(self.device, non_blocking=True)
+            y = y.pin_memory().to(self.device, non_blocking=True)
+        elif self.device.type != "cpu":
+            x, y = x.to(self.device), y.to(self.device)
+        return x, y
+
+    def close(self):
+        for b in self.splits.values():
+            b.close()

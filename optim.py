@@ -1,0 +1,106 @@
+"""Optimizers and the learning-rate schedule, built from the training settings.
+
+    optimizers = make_optimizers(model, cfg, device_type="cuda")  # [AdamW] or [AdamW, Muon]
+    lr = lr_at(step, cfg)  # pure: the schedule can be tested and plotted without a model
+
+AdamW decays only the matrices (weights of linear layers and embeddings), not
+biases or norm gains: decaying a bias or a gain towards zero only pulls the
+network towards a less expressive one (nanoGPT does the same split by ndim).
+"""
+
+import math
+
+import torch
+
+
+def lr_at(step, cfg):
+    """Learning rate of AdamW at iteration `step` (0-based) for the settings in `cfg`.
+
+    decay_lr=False: `learning_rate` at every step (nanoGPT's meaning). Otherwise a
+    linear warmup over `warmup_iters`, then by `lr_schedule`:
+      cosine   - cosine decay to `min_lr` at `lr_decay_iters`, `min_lr` after;
+      constant - `learning_rate` after the warmup;
+      wsd      - warmup, stable at `learning_rate`, then a linear cooldown to
+                 `min_lr` over the last `cooldown_frac` of `lr_decay_iters`
+                 (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training
+                 Beyond Fixed Training Durations").
+    """
+    lr, min_lr = cfg.learning_rate, cfg.min_lr
+    if not cfg.decay_lr:
+        return lr
+    if step < cfg.warmup_iters:
+        return lr * (step + 1) / (cfg.warmup_iters + 1)
+    if cfg.lr_schedule == "constant":
+        return lr
+    if step >= cfg.lr_decay_iters:
+        return min_lr
+    if cfg.lr_schedule == "wsd":
+        cooldown_start = cfg.lr_decay_iters * (1 - cfg.cooldown_frac)
+        if step < cooldown_start:
+            return lr
+        frac = (step - cooldown_start) / max(cfg.lr_decay_iters - cooldown_start, 1e-9)
+        return lr + frac * (min_lr - lr)
+    assert cfg.lr_schedule == "cosine", cfg.lr_schedule
+    frac = (step - cfg.warmup_iters) / max(cfg.lr_decay_iters - cfg.warmup_iters, 1)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * frac))  # 1 -> 0
+    return min_lr + coeff * (lr - min_lr)
+
+
+def adamw_groups(named_params, weight_decay):
+    """Two AdamW parameter groups: matrices (decayed) and everything else (not)."""
+    decay = [p for _, p in named_params if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for _, p in named_params if p.requires_grad and p.dim() < 2]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def make_optimizers(model, cfg, device_type):
+    """[AdamW] or, with optimizer="muon", [AdamW, Muon] for the raw model.
+
+    Every param group remembers its own peak rate in "base_lr", and
+    `set_lr(optimizers, lr_at(step, cfg) / cfg.learning_rate)` scales them all
+    by the schedule, so Muon follows the same warmup and decay as AdamW."""
+    fused = device_type == "cuda"  # one kernel for all parameters; CUDA only
+    if cfg.optimizer == "adamw":
+        adamw_named = list(model.named_parameters())
+        muon_named = []
+    else:
+        from muon import Muon, split_params_for_muon
+
+        muon_named, adamw_named = split_params_for_muon(model)
+    adamw = torch.optim.AdamW(
+        adamw_groups(adamw_named, cfg.weight_decay),
+        lr=cfg.learning_rate,
+        betas=(cfg.beta1, cfg.beta2),
+        fused=fused,
+    )
+    optimizers = [adamw]
+    if muon_named:
+        optimizers.append(
+            Muon(
+                [p for _, p in muon_named],
+                lr=cfg.muon_lr,
+                momentum=cfg.muon_momentum,
+                nesterov=cfg.muon_nesterov,
+            )
+        )
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["base_lr"] = group["lr"]
+    return optimizers
+
+
+def set_lr(optimizers, scale):
+    """Set every group's rate to its base rate times `scale` (the schedule's factor)."""
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * scale
+
+
+def make_scaler(dtype, device_type):
+    """A GradScaler for float16 (its small range needs loss scaling), else None."""
+    if dtype != torch.float16:
+        return None
+    return torch.amp.GradScaler(device_type)

@@ -1,0 +1,69 @@
+"""Every shipped config loads and validates; the key recipes hold their documented values."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from config import parse_settings
+from model import GPTConfig
+from train import TrainConfig
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.py"))
+
+
+def load(path):
+    return parse_settings([str(path)], [GPTConfig, TrainConfig], prog="train.py")
+
+
+def test_there_are_configs():
+    names = {p.name for p in CONFIGS}
+    assert {"shakespeare.py", "shakespeare_char.py", "gpt2.py", "finetune_shakespeare.py"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_config_loads_and_validates(path):
+    model_cfg, train_cfg = load(path)
+    assert isinstance(model_cfg, GPTConfig) and isinstance(train_cfg, TrainConfig)
+
+
+@pytest.mark.parametrize("name", ["shakespeare.py", "shakespeare_char.py", "gpt2.py", "finetune_shakespeare.py"])
+def test_training_recipes_are_consistent(name):
+    model_cfg, train_cfg = load(CONFIGS[0].parent / name)
+    assert train_cfg.out_dir != TrainConfig().out_dir, "each config writes to its own out_dir"
+    # the learning-rate schedule must end where the run ends
+    if train_cfg.decay_lr:
+        assert train_cfg.lr_decay_iters == train_cfg.max_iters
+        assert train_cfg.warmup_iters < train_cfg.max_iters
+
+
+def test_shakespeare_char_is_nanogpts_baby_gpt():
+    m, t = load(Path(CONFIGS[0]).parent / "shakespeare_char.py")
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout, m.bias) == (6, 6, 384, 256, 0.2, False)
+    assert (t.batch_size, t.learning_rate, t.max_iters, t.warmup_iters, t.min_lr, t.beta2) == (64, 1e-3, 5000, 100, 1e-4, 0.99)
+    assert (t.eval_interval, t.eval_iters, t.out_dir, t.dataset) == (250, 200, "out-shakespeare-char", "shakespeare_char")
+
+
+def test_gpt2_is_124m_on_8_gpus():
+    m, t = load(Path(CONFIGS[0]).parent / "gpt2.py")
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.pad_vocab_multiple) == (12, 12, 768, 1024, 64)
+    assert (t.batch_size, t.gradient_accumulation_steps, t.max_iters, t.learning_rate, t.weight_decay) == (12, 40, 600000, 6e-4, 0.1)
+    assert t.compile == "true" and t.gradient_accumulation_steps % 8 == 0
+
+
+def test_quick_start_and_finetune():
+    m, t = load(Path(CONFIGS[0]).parent / "shakespeare.py")
+    assert t.out_dir == "out-shakespeare" and t.dataset == "shakespeare_char"  # sample.py's default
+    m, t = load(Path(CONFIGS[0]).parent / "finetune_shakespeare.py")
+    assert t.init_from == "gpt2" and t.dataset == "shakespeare" and not t.always_save_checkpoint
+
+
+def test_help_lists_every_setting(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_settings(["--help"], [GPTConfig, TrainConfig], prog="train.py")
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    for cls in (GPTConfig, TrainConfig):
+        for f in dataclasses.fields(cls):
+            assert f"--{f.name} (" in text, f.name
+            assert f.metadata["help"] in text

@@ -1,0 +1,73 @@
+"""optim.py: the learning-rate schedules as pure functions, the decay split,
+Muon + AdamW together, and the GradScaler choice."""
+
+import types
+
+import pytest
+import torch
+
+import optim
+from model import GPT, GPTConfig
+
+
+def cfg(**kw):
+    base = dict(learning_rate=1e-3, min_lr=1e-4, decay_lr=True, warmup_iters=10, lr_decay_iters=100,
+                lr_schedule="cosine", cooldown_frac=0.2, weight_decay=0.1, beta1=0.9, beta2=0.95,
+                optimizer="adamw", muon_lr=0.02, muon_momentum=0.95, muon_nesterov=True)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def test_cosine_warmup_then_decay_to_min_lr():
+    c = cfg()
+    lrs = [optim.lr_at(s, c) for s in range(120)]
+    assert lrs[0] == pytest.approx(1e-3 / 11) and lrs[9] == pytest.approx(1e-3 * 10 / 11)
+    assert all(a < b for a, b in zip(lrs[:10], lrs[1:11]))  # warmup rises
+    assert lrs[10] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[10:100], lrs[11:101]))  # then only falls
+    assert lrs[55] == pytest.approx((1e-3 + 1e-4) / 2)  # halfway through the cosine
+    assert lrs[100] == lrs[119] == 1e-4
+
+
+def test_constant_wsd_and_no_decay():
+    assert [optim.lr_at(s, cfg(lr_schedule="constant")) for s in (10, 50, 500)] == [1e-3] * 3
+    w = cfg(lr_schedule="wsd", cooldown_frac=0.2)
+    assert optim.lr_at(50, w) == optim.lr_at(80, w) == 1e-3  # stable until 80% of lr_decay_iters
+    assert optim.lr_at(90, w) == pytest.approx((1e-3 + 1e-4) / 2)  # linear cooldown
+    assert optim.lr_at(100, w) == optim.lr_at(150, w) == 1e-4
+    assert [optim.lr_at(s, cfg(decay_lr=False)) for s in (0, 5, 500)] == [1e-3] * 3
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11))
+
+
+def test_adamw_decays_matrices_only():
+    model = tiny_model()
+    [adamw] = optim.make_optimizers(model, cfg(), "cpu")
+    decay, no_decay = adamw.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert any(names[id(p)].endswith("ln_1.weight") for p in no_decay["params"])
+    assert any(names[id(p)].endswith("c_attn.bias") for p in no_decay["params"])
+    covered = [id(p) for g in adamw.param_groups for p in g["params"]]
+    assert sorted(covered) == sorted(id(p) for p in model.parameters())  # each exactly once
+    assert not adamw.defaults["fused"]  # fused only on CUDA
+
+
+def test_muon_and_adamw_cover_every_parameter_once_and_follow_the_schedule():
+    model = tiny_model()
+    adamw, muon = optim.make_optimizers(model, cfg(optimizer="muon"), "cpu")
+    covered = [id(p) for opt in (adamw, muon) for g in opt.param_groups for p in g["params"]]
+    assert sorted(covered) == sorted(id(p) for p in model.parameters())
+    assert all(p.dim() == 2 for g in muon.param_groups for p in g["params"])
+    optim.set_lr([adamw, muon], 0.5)
+    assert adamw.param_groups[0]["lr"] == pytest.approx(5e-4) and muon.param_groups[0]["lr"] == pytest.approx(0.01)
+
+
+def test_grad_scaler_only_for_float16():
+    assert optim.make_scaler(torch.float32, "cpu") is None
+    assert optim.make_scaler(torch.bfloat16, "cuda") is None
+    assert isinstance(optim.make_scaler(torch.float16, "cpu"), torch.amp.GradScaler)

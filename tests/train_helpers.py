@@ -1,0 +1,109 @@
+"""Helpers for the train.py tests: a tiny dataset written by hand (the meta.json
+schema of prepare.py), tiny-model arguments, and running train.py in-process or
+in a subprocess."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+
+
+def sample_text(n_chars=60_000):
+    """Tiny Shakespeare's first n_chars when available, else a generated text
+    with enough structure (repeated words) for a loss to fall."""
+    if SHAKESPEARE.is_file():
+        return SHAKESPEARE.read_text()[:n_chars]
+    rng = np.random.default_rng(0)
+    words = ["the ", "king ", "and ", "queen ", "of ", "rome ", "speak ", "now\n", "ROMEO: ", "JULIET: "]
+    return "".join(words[i] for i in rng.integers(0, len(words), size=n_chars // 5))[:n_chars]
+
+
+def write_char_dataset(data_dir, name="tiny", text=None, val_fraction=0.1):
+    """data_dir/name/{train.bin,val.bin,meta.json} for a character-level text."""
+    text = sample_text() if text is None else text
+    chars = sorted(set(text))
+    ids = np.array([chars.index(c) for c in text], dtype=np.uint16)
+    n_val = int(len(ids) * val_fraction)
+    folder = Path(data_dir) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    ids[:-n_val].tofile(folder / "train.bin")
+    ids[-n_val:].tofile(folder / "val.bin")
+    meta = {
+        "format_version": 1,
+        "tokenizer": {"type": "char", "chars": chars},
+        "vocab_size": len(chars),
+        "dtype": "uint16",
+        "eot_id": None,
+        "num_tokens": {"train": int(len(ids) - n_val), "val": int(n_val)},
+        "sources": [{"path": "generated", "bytes": len(text), "sha256": hashlib.sha256(text.encode()).hexdigest()}],
+        "split": {"rule": "the last val_fraction of the characters", "val_fraction": val_fraction},
+        "fingerprint": hashlib.sha256((text + str(chars)).encode()).hexdigest(),
+    }
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def tiny_args(data_dir, out_dir, dataset="tiny", **overrides):
+    """Command-line settings for a ~30k-parameter model that steps in milliseconds."""
+    settings = {
+        "dataset": dataset,
+        "data_dir": data_dir,
+        "out_dir": out_dir,
+        "n_layer": 2,
+        "n_head": 2,
+        "n_embd": 32,
+        "block_size": 32,
+        "batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "dropout": 0.1,
+        "learning_rate": 1e-2,
+        "max_iters": 20,
+        "warmup_iters": 2,
+        "lr_decay_iters": 40,
+        "min_lr": 1e-3,
+        "eval_interval": 10,
+        "eval_iters": 2,
+        "log_interval": 1,
+        "device": "cpu",
+        "dtype": "float32",
+        "compile": "false",
+        "progress_bar": "false",
+    }
+    settings.update(overrides)
+    return [f"--{k}={v}" for k, v in settings.items()]
+
+
+def read_metrics(out_dir, kind=None):
+    path = Path(out_dir) / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r for r in records if kind is None or r["kind"] == kind]
+
+
+def losses_by_iter(out_dir):
+    return {r["iter"]: r["loss"] for r in read_metrics(out_dir, "train")}
+
+
+def subprocess_env(**extra):
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.pop("GPT_FAULTS", None)
+    env.update(extra)
+    return env
+
+
+def run_train_subprocess(args, timeout=180, **env):
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=REPO,
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,0 +1,490 @@
+"""Train a GPT on a prepared dataset, on one device or many (torchrun).
+
+    python train.py configs/shakespeare.py                          # quick start, CPU or GPU
+    python train.py configs/shakespeare.py --max_iters=500 --compile=false
+    python train.py configs/shakespeare.py --init_from=resume       # continue out_dir/ckpt.pt
+    torchrun --standalone --nproc_per_node=8 train.py configs/gpt2.py
+
+Every iteration takes one global batch of batch_size * gradient_accumulation_steps
+random windows (shared among the ranks), evaluates every eval_interval, saves
+out_dir/ckpt.pt (to resume) and out_dir/best.pt (best val loss) atomically, and
+logs to the console and out_dir/metrics.jsonl. SIGINT/SIGTERM stop at a step
+boundary with a checkpoint saved (exit 0); a non-finite loss or gradient stops
+before the optimizer step (exit 1); a bad setting or missing data exits 2.
+Run `python train.py --help` for every setting.
+"""
+
+import dataclasses
+import json
+import math
+import random
+import sys
+import textwrap
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import data
+import distributed
+import faults
+import optim
+import train_log
+from checkpoint import load_checkpoint, save_checkpoint
+from config import parse_settings, setting, settings_dict
+from errors import RunFailed, UserError, run_main
+from model import GPT, GPTConfig, estimate_mfu, peak_flops_for_device
+from run_state import provenance, rng_state, set_rng_state
+
+PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CHOICES = {
+    "lr_schedule": ("cosine", "constant", "wsd"),
+    "optimizer": ("adamw", "muon"),
+    "dtype": ("auto", *DTYPES),
+    "backend": ("auto", "nccl", "gloo"),
+}
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Training: data, optimization, evaluation, checkpoints, logging and devices"""
+
+    out_dir: str = setting("out", "folder for ckpt.pt, best.pt, config.json and metrics.jsonl")
+    eval_interval: int = setting(2000, "evaluate, and save ckpt.pt, every this many iterations")
+    log_interval: int = setting(1, "log the training loss every this many iterations")
+    eval_iters: int = setting(200, "batches per split for each loss estimate; 0 = the whole val split (train: as many random windows)")
+    eval_only: bool = setting(False, "evaluate once, print the losses and exit (writes nothing)")
+    always_save_checkpoint: bool = setting(True, "save ckpt.pt at every eval; false: only when the val loss improves")
+    init_from: str = setting("scratch", "scratch | resume (out_dir/ckpt.pt) | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a local Hugging Face folder")
+    wandb_log: bool = setting(False, "also log to Weights & Biases (WANDB_MODE=offline works without a network)")
+    wandb_project: str = setting("owt", "wandb project name")
+    wandb_run_name: str = setting("gpt2", "wandb run name")
+    progress_bar: bool = setting(True, "show a tqdm progress bar when the output is a terminal")
+    dataset: str = setting("openwebtext", "dataset folder name under data_dir, as written by prepare.py")
+    data_dir: str = setting("data", "folder holding the dataset folders")
+    gradient_accumulation_steps: int = setting(40, "micro-batches per iteration over ALL ranks (divided by the number of ranks)")
+    batch_size: int = setting(12, "windows per micro-batch on each rank")
+    optimizer: str = setting("adamw", "adamw | muon (Muon for the block matrices, AdamW for the rest)")
+    learning_rate: float = setting(6e-4, "peak AdamW learning rate")
+    max_iters: int = setting(600000, "total optimizer steps")
+    weight_decay: float = setting(0.1, "AdamW weight decay, on matrices only")
+    beta1: float = setting(0.9, "AdamW beta1")
+    beta2: float = setting(0.95, "AdamW beta2")
+    grad_clip: float = setting(1.0, "clip the global gradient norm to this; 0 = no clipping")
+    muon_lr: float = setting(0.02, "peak Muon learning rate (optimizer=muon)")
+    muon_momentum: float = setting(0.95, "Muon momentum")
+    muon_nesterov: bool = setting(True, "Nesterov momentum in Muon")
+    decay_lr: bool = setting(True, "follow lr_schedule; false = learning_rate at every step, no warmup")
+    lr_schedule: str = setting("cosine", "cosine | constant | wsd (warmup, stable, decay)")
+    warmup_iters: int = setting(2000, "linear warmup steps")
+    lr_decay_iters: int = setting(600000, "step at which the rate reaches min_lr (usually max_iters)")
+    min_lr: float = setting(6e-5, "final learning rate (usually learning_rate / 10)")
+    cooldown_frac: float = setting(0.2, "wsd: share of lr_decay_iters spent decaying to min_lr")
+    backend: str = setting("auto", "DDP backend: auto (nccl on CUDA, gloo on CPU) | nccl | gloo")
+    device: str = setting("auto", "auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps")
+    dtype: str = setting("auto", "auto (bfloat16 where supported, else float16 on CUDA; float32 on CPU) | float32 | bfloat16 | float16")
+    compile: bool | str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
+    seed: int = setting(1337, "random seed (weights, dropout, data order)")
+
+    def __post_init__(self):
+        problems = []
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                problems.append(f"{name}={getattr(self, name)!r} must be one of {', '.join(allowed)}")
+        compile_ = str(self.compile).lower()
+        if compile_ not in ("auto", "true", "false", "1", "0"):
+            problems.append(f"compile={self.compile!r} must be auto, true or false")
+        else:
+            self.compile = {"1": "true", "0": "false"}.get(compile_, compile_)
+        for name in ("eval_interval", "log_interval", "gradient_accumulation_steps", "batch_size"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be at least 1")
+        for name in ("eval_iters", "max_iters", "warmup_iters", "lr_decay_iters"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name}={getattr(self, name)} must not be negative")
+        for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "muon_lr"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name}={getattr(self, name)} must not be negative")
+        if not 0 <= self.cooldown_frac <= 1:
+            problems.append(f"cooldown_frac={self.cooldown_frac} must be in [0, 1]")
+        if not self.init_from:
+            problems.append("init_from must not be empty")
+        if problems:
+            raise ValueError("invalid training settings: " + "; ".join(problems))
+
+
+def resolve_device(cfg, local_rank=None):
+    """The torch device string for this process."""
+    device = cfg.device
+    if device == "auto":
+        if torch.cuda.is_available():
+            device = "cuda"
+        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            device = "mps"
+        else:
+            device = "cpu"
+    kind = device.split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device={cfg.device!r} but CUDA is not available here: use --device=cpu (or auto)")
+    if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UserError(f"device={cfg.device!r} but MPS is not available here: use --device=cpu (or auto)")
+    if kind not in ("cpu", "cuda", "mps"):
+        raise UserError(f"device={cfg.device!r}: expected auto, cpu, cuda, cuda:N or mps")
+    if kind == "cuda" and local_rank is not None:
+        device = f"cuda:{local_rank}"  # one process per device under torchrun
+    return device
+
+
+def resolve_dtype(cfg, device_type):
+    if cfg.dtype != "auto":
+        return DTYPES[cfg.dtype]
+    if device_type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def init_model(model_cfg, cfg, meta, out_dir):
+    """(raw model, model config, checkpoint or None) for init_from; checks the vocabulary."""
+    if cfg.init_from == "scratch":
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
+        return GPT(model_cfg), model_cfg, None
+    if cfg.init_from == "resume":
+        ckpt = load_checkpoint(Path(out_dir) / "ckpt.pt")
+        saved = GPTConfig(**ckpt["model_config"])
+        if ckpt.get("tokenizer") != meta["tokenizer"] or saved.vocab_size != meta["vocab_size"]:
+            raise UserError(
+                f"vocabulary mismatch: {out_dir}/ckpt.pt was trained with a {describe_vocab(ckpt.get('tokenizer'), saved.vocab_size)} "
+                f"vocabulary, but dataset {cfg.dataset} has a {describe_vocab(meta['tokenizer'], meta['vocab_size'])} one: "
+                "resume on the checkpoint's dataset (--dataset) or start a new out_dir"
+            )
+        if ckpt.get("data_fingerprint") != meta.get("fingerprint"):
+            print(f"warning: dataset {cfg.dataset} differs from the one {out_dir}/ckpt.pt was trained on (fingerprint changed)")
+        differing = [f.name for f in dataclasses.fields(GPTConfig) if f.name not in ("vocab_size", "dropout") and getattr(saved, f.name) != getattr(model_cfg, f.name)]
+        if differing:
+            print(f"note: resuming keeps the checkpoint's model settings; ignoring {', '.join(differing)}")
+        model_cfg = dataclasses.replace(saved, dropout=model_cfg.dropout)
+        model = GPT(model_cfg)
+        model.load_state_dict(ckpt["model"])
+        return model, model_cfg, ckpt
+    if cfg.init_from in PRETRAINED or Path(cfg.init_from).is_dir():
+        from hf_gpt2 import load_gpt2
+
+        if meta["tokenizer"].get("type") != "gpt2":
+            raise UserError(
+                f"vocabulary mismatch: init_from={cfg.init_from} uses GPT-2's BPE vocabulary, but dataset "
+                f"{cfg.dataset} has a {describe_vocab(meta['tokenizer'], meta['vocab_size'])} one: prepare it with --tokenizer gpt2"
+            )
+        model = load_gpt2(cfg.init_from, dropout=model_cfg.dropout)
+        if model_cfg.block_size < model.config.block_size:
+            model.crop_block_size(model_cfg.block_size)
+        return model, model.config, None
+    raise UserError(
+        f"init_from={cfg.init_from!r} is not scratch, resume, {', '.join(PRETRAINED)} or an existing folder"
+    )
+
+
+def describe_vocab(tokenizer, vocab_size):
+    kind = tokenizer.get("type") if isinstance(tokenizer, dict) else tokenizer
+    return f"{kind} ({vocab_size} tokens)"
+
+
+class Forward:
+    """model(x, y) through torch.compile, falling back to eager (with a warning naming
+    the error) when compilation fails: a broken backend fails at the first forward
+    pass, not at torch.compile() (RELIABILITY.md)."""
+
+    def __init__(self, eager, use_compile):
+        self.eager = eager
+        self.compiled = None
+        if use_compile:
+            try:
+                self.compiled = torch.compile(eager)
+            except Exception as e:
+                self._fall_back(e)
+
+    def _fall_back(self, e):
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"warning: torch.compile failed ({type(e).__name__}: {first[:300]}); continuing without compile", file=sys.stderr)
+        self.compiled = None
+
+    def __call__(self, x, y):
+        if self.compiled is not None:
+            try:
+                return self.compiled(x, y)
+            except torch.OutOfMemoryError:
+                raise  # not a compile failure: eager would run out of memory too
+            except Exception as e:
+                self._fall_back(e)
+        return self.eager(x, y)
+
+
+@torch.no_grad()
+def evaluate(forward, module, batches, eval_sets, autocast, d, device):
+    """Mean loss of each split over its eval windows; each rank takes every W-th batch."""
+    module.eval()
+    out = {}
+    for split, batch_list in eval_sets.items():
+        total = torch.zeros(2, device=device)  # (sum of loss * windows, windows)
+        for k in range(d.rank, len(batch_list), d.world_size):
+            x, y = batches.get(split, batch_list[k])
+            with autocast:
+                _, loss = forward(x, y)
+            total += torch.stack([loss.float() * len(batch_list[k]), torch.tensor(float(len(batch_list[k])), device=device)])
+        distributed.all_reduce_sum(total, d)
+        out[split] = (total[0] / total[1]).item()
+    module.train()
+    return out
+
+
+def main(argv=None):
+    model_cfg, cfg = parse_settings(argv, [GPTConfig, TrainConfig], prog="train.py", description=__doc__)
+    return train(model_cfg, cfg)
+
+
+def train(model_cfg, cfg):
+    device_type = resolve_device(cfg).split(":")[0]
+    d = distributed.init(cfg.backend, device_type)
+    try:
+        return run(model_cfg, cfg, d)
+    finally:
+        distributed.cleanup(d)
+
+
+def run(model_cfg, cfg, d):
+    device = resolve_device(cfg, d.local_rank if d.enabled else None)
+    device_type = device.split(":")[0]
+    if cfg.gradient_accumulation_steps % d.world_size:
+        raise UserError(
+            f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} (the global count) must be divisible "
+            f"by the number of ranks, {d.world_size}: use a multiple of {d.world_size}"
+        )
+    local_accum = cfg.gradient_accumulation_steps // d.world_size
+    ptdtype = resolve_dtype(cfg, device_type)
+    use_compile = cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda")
+    if device_type == "cuda":  # TF32 for float32 matmuls and convolutions
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    out_dir = Path(cfg.out_dir)
+
+    # Data: prepare a missing named dataset once (rank 0), then check it.
+    if d.is_main:
+        data.ensure_dataset(cfg.data_dir, cfg.dataset)
+    distributed.barrier(d)
+    meta = data.load_meta(cfg.data_dir, cfg.dataset)
+
+    torch.manual_seed(cfg.seed + d.rank)  # different dropout on each rank
+    random.seed(cfg.seed + d.rank)
+    np.random.seed(cfg.seed + d.rank)
+    raw_model, model_cfg, ckpt = init_model(model_cfg, cfg, meta, out_dir)
+    data.check_block_size(meta, model_cfg.block_size, Path(cfg.data_dir) / cfg.dataset)
+    raw_model.to(device)
+    optimizers = optim.make_optimizers(raw_model, cfg, device_type)
+    scaler = optim.make_scaler(ptdtype, device_type)
+
+    iter_num, best_val_loss, val_loss, last_eval_iter, train_time = 0, math.inf, math.nan, -1, 0.0
+    if ckpt is not None:
+        if len(ckpt["optimizer"]) != len(optimizers):
+            raise UserError(f"{out_dir}/ckpt.pt was trained with a different optimizer setting: resume with --optimizer as before")
+        base_lrs = [[g["base_lr"] for g in opt.param_groups] for opt in optimizers]
+        for opt, state, bases in zip(optimizers, ckpt["optimizer"], base_lrs):
+            opt.load_state_dict(state)
+            for g, base in zip(opt.param_groups, bases):
+                g["base_lr"] = base  # today's learning_rate settings win
+        if scaler is not None and ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
+        iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+        val_loss, last_eval_iter = ckpt["val_loss"], ckpt.get("last_eval_iter", -1)
+        train_time = ckpt.get("train_time_s", 0.0)
+        rng = ckpt["rng"]
+        per_rank = rng.get("per_rank")
+        if per_rank and len(per_rank) == d.world_size:
+            rng = {**rng, **per_rank[d.rank]}
+        elif d.world_size > 1:
+            print(f"warning: rank {d.rank}: the checkpoint's RNG states were saved by another number of ranks; dropout will not repeat exactly")
+        set_rng_state(rng, device)
+        ckpt = None  # free the memory
+
+    # Wrap: DDP (gradients averaged across ranks), then compile.
+    module = raw_model
+    if d.enabled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        # Buffers (masks, RoPE tables) are built identically on every rank: no need to
+        # broadcast them, and not doing so keeps forward passes free of collectives.
+        module = DDP(raw_model, device_ids=[d.local_rank] if device_type == "cuda" else None, broadcast_buffers=False)
+    forward = Forward(module, use_compile)
+    autocast = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type, dtype=ptdtype)
+
+    resolved = dataclasses.replace(
+        cfg, device=device, dtype=str(ptdtype).removeprefix("torch."), compile="true" if use_compile else "false"
+    )
+    settings = settings_dict(model_cfg, resolved)
+    write = d.is_main and not cfg.eval_only
+    if d.is_main:
+        print("settings: " + textwrap.fill("  ".join(f"{k}={v}" for k, v in settings.items()), 100, subsequent_indent="  "))
+        print(f"{raw_model.num_params() / 1e6:.2f}M parameters | world size {d.world_size} | {device} {settings['dtype']} | compile {use_compile}")
+    if write:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.json").write_text(json.dumps(settings, indent=2) + "\n")
+        if cfg.init_from == "resume":
+            train_log.trim_metrics(out_dir / "metrics.jsonl", iter_num)
+    log = train_log.Logger(cfg, out_dir, d.is_main, cfg.max_iters, iter_num, settings, write_files=write)
+    prov = provenance(device) if d.is_main else None
+    peak_flops = measure_peak(device) if d.is_main else None
+
+    B, T, G = cfg.batch_size, model_cfg.block_size, cfg.gradient_accumulation_steps
+    batches = data.Batches(cfg.data_dir, cfg.dataset, meta, T, device)
+    eval_sets = {
+        split: data.eval_offsets(cfg.seed, split, batches.n_tokens(split), T, B, cfg.eval_iters)
+        for split in ("train", "val")
+    }
+    if cfg.eval_iters == 0:  # train: a fixed sample as large as the whole val split
+        n_val = sum(len(b) for b in eval_sets["val"])
+        eval_sets["train"] = data.eval_offsets(cfg.seed, "train", batches.n_tokens("train"), T, B, math.ceil(n_val / B))
+    tokens_per_iter = B * T * G
+    last_ckpt = (iter_num, out_dir / "ckpt.pt") if cfg.init_from == "resume" else None
+
+    def save(kind):
+        """ckpt.pt (everything to resume) or best.pt (weights); rank 0 writes."""
+        states = distributed.gather_objects({"torch": torch.get_rng_state(), "cuda": rng_state(device)["cuda"]}, d)
+        if not d.is_main:
+            return
+        obj = {
+            "format_version": 1,
+            "model": raw_model.state_dict(),
+            "model_config": dataclasses.asdict(model_cfg),
+            "tokenizer": meta["tokenizer"],
+            "config": settings,
+            "iter_num": iter_num,
+            "best_val_loss": best_val_loss,
+            "val_loss": val_loss,
+            "last_eval_iter": last_eval_iter,
+            "train_time_s": train_time,
+            "data_fingerprint": meta.get("fingerprint"),
+            "dataset": cfg.dataset,
+            "provenance": prov,
+        }
+        if kind == "ckpt":
+            obj["optimizer"] = [opt.state_dict() for opt in optimizers]
+            obj["scaler"] = scaler.state_dict() if scaler is not None else None
+            obj["rng"] = {**rng_state(device), "per_rank": states if d.world_size > 1 else None}
+        save_checkpoint(obj, out_dir / f"{kind}.pt")
+
+    stop = distributed.StopFlag().install()
+    try:
+        while True:
+            # Evaluate (and save) at every eval_interval and at the end; a resumed run
+            # does not repeat the evaluation its checkpoint was saved after.
+            due = (iter_num % cfg.eval_interval == 0 or iter_num >= cfg.max_iters) and iter_num != last_eval_iter
+            if due or cfg.eval_only:
+                losses = evaluate(forward, module, batches, eval_sets, autocast, d, device)
+                val_loss, last_eval_iter = losses["val"], iter_num
+                lr = optim.lr_at(iter_num, cfg)
+                log.record({"kind": "eval", "iter": iter_num, "train_loss": losses["train"], "val_loss": val_loss, "lr": lr, "train_time_s": train_time})
+                if cfg.eval_only:
+                    break
+                improved = val_loss < best_val_loss
+                best_val_loss = min(best_val_loss, val_loss)
+                if iter_num > 0 and (improved or cfg.always_save_checkpoint):
+                    save("ckpt")
+                    last_ckpt = (iter_num, out_dir / "ckpt.pt")
+                if iter_num > 0 and improved:
+                    save("best")
+            if iter_num >= cfg.max_iters or cfg.eval_only:
+                break
+
+            # One optimizer step over the global batch; this rank's share of it.
+            t0 = time.perf_counter()
+            offsets = data.global_batch_offsets(cfg.seed, iter_num, batches.n_tokens("train"), T, B * G)
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(local_accum):
+                chunk = d.rank * local_accum + micro
+                x, y = batches.get("train", data.micro_batch_offsets(offsets, B, chunk))
+                if d.enabled:  # average gradients across ranks only after the last micro-step
+                    module.require_backward_grad_sync = micro == local_accum - 1
+                with autocast:
+                    _, loss = forward(x, y)
+                if faults.at_step("nan_loss_at", iter_num):
+                    loss = loss * float("nan")
+                loss_sum += loss.detach().float()
+                loss = loss / local_accum
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            if faults.at_step("inf_grad_at", iter_num):
+                next(p for p in raw_model.parameters() if p.grad is not None).grad.fill_(math.inf)
+            if scaler is not None:
+                for opt in optimizers:
+                    scaler.unscale_(opt)
+            params = [p for p in raw_model.parameters() if p.grad is not None]
+            if cfg.grad_clip > 0:
+                norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            else:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            # One all-reduce carries the loss sum, the norm (equal on every rank) and
+            # the stop flag, so every rank makes the same decision at the same step.
+            stats = torch.stack([loss_sum, norm.float().to(device), torch.tensor(float(stop.raised), device=device)])
+            loss_total, norm_total, stops = distributed.all_reduce_sum(stats, d).tolist()
+            loss_mean, grad_norm = loss_total / G, norm_total / d.world_size
+            if not math.isfinite(loss_mean) or (not math.isfinite(grad_norm) and scaler is None):
+                what = f"loss is {loss_mean}" if not math.isfinite(loss_mean) else f"gradient norm is {grad_norm}"
+                where = f"{last_ckpt[1]} (iteration {last_ckpt[0]})" if last_ckpt else "none saved yet in this run"
+                raise RunFailed(
+                    f"the training {what} at iteration {iter_num}; stopped before the optimizer step. "
+                    f"Last good checkpoint: {where}. Try a lower learning_rate, grad_clip, or dtype=bfloat16/float32"
+                )
+            lr = optim.lr_at(iter_num, cfg)
+            optim.set_lr(optimizers, lr / cfg.learning_rate if cfg.learning_rate > 0 else 0.0)
+            for opt in optimizers:
+                if scaler is not None:
+                    scaler.step(opt)  # skips the step when the scaled gradients overflowed
+                else:
+                    opt.step()
+            if scaler is not None:
+                scaler.update()
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t0
+            train_time += dt
+            if iter_num % cfg.log_interval == 0:
+                tokens_per_s = tokens_per_iter / dt
+                mfu = estimate_mfu(model_cfg, tokens_per_s / d.world_size, peak_flops) if peak_flops else None
+                log.record({"kind": "train", "iter": iter_num, "loss": loss_mean, "lr": lr, "grad_norm": grad_norm,
+                            "ms_per_iter": 1000 * dt, "tokens_per_s": tokens_per_s, "mfu": mfu, "train_time_s": train_time,
+                            **({"skipped": True} if not math.isfinite(grad_norm) else {})})
+            iter_num += 1
+            log.advance()
+            if stops > 0:
+                save("ckpt")
+                log.print(f"stopped by {stop.signal_name or 'a signal on another rank'} at iteration {iter_num}: "
+                          f"saved {out_dir / 'ckpt.pt'}; continue with --init_from=resume")
+                return 0
+    finally:
+        stop.uninstall()
+        log.close()
+        batches.close()
+    if d.is_main and not cfg.eval_only:
+        print(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, checkpoints in {out_dir}")
+    return 0
+
+
+_PEAKS = {}
+
+
+def measure_peak(device):
+    """Peak FLOP/s that MFU is measured against: the datasheet on CUDA, a short
+    measured matmul rate on a CPU (no datasheet number applies); cached per process."""
+    if device not in _PEAKS:
+        peak = peak_flops_for_device(device)
+        if peak is None and device == "cpu":
+            from benchmarks.report import measure_matmul_flops
+
+            with torch.random.fork_rng(devices=[]):  # its random matrices must not shift dropout's stream
+                peak = measure_matmul_flops("cpu", seconds=0.3)
+        _PEAKS[device] = peak
+    return _PEAKS[device]
+
+
+if __name__ == "__main__":
+    run_main(main)
