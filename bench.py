@@ -1,0 +1,92 @@
+"""Benchmarks: measure, print a table, and append it to BENCHMARKS.md.
+
+    python bench.py prepare     # tokenizer throughput and peak memory vs the simple way
+    python bench.py train       # ms/iter, tokens/s, MFU for the quick-start shape
+    python bench.py sample      # generation tokens/s with and without the KV cache
+    python bench.py speedrun    # the modern recipe vs nanoGPT's CPU settings (slow)
+    python bench.py all         # prepare, train and sample in one go
+
+Every run first measures this machine's own fp32 matmul rate: on a CPU that is
+the peak MFU is reported against (there is no datasheet number to use).
+Comparisons are made as ratios inside one run, because shared machines are
+noisy: two numbers measured minutes apart are not comparable, a ratio is.
+Add --no-record to print without touching BENCHMARKS.md.
+"""
+
+import argparse
+import datetime
+import importlib
+import shlex
+import sys
+from pathlib import Path
+
+from errors import run_main
+
+SUITES = {
+    "prepare": "benchmarks.bench_prepare",
+    "train": "benchmarks.bench_train",
+    "sample": "benchmarks.bench_sample",
+    "speedrun": "benchmarks.bench_speedrun",
+}
+ALL = ["prepare", "train", "sample"]  # speedrun takes ~15 minutes on its own
+RESULTS = Path(__file__).resolve().parent / "BENCHMARKS.md"
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--no-record", action="store_true", help="do not append to BENCHMARKS.md")
+    sub = parser.add_subparsers(dest="suite", required=True)
+    for name, module_name in SUITES.items():
+        sub_parser = sub.add_parser(name, help=f"run the {name} benchmark")
+        importlib.import_module(module_name).add_arguments(sub_parser)
+    sub.add_parser("all", help="run " + ", ".join(ALL) + " with their defaults")
+    return parser
+
+
+def header_lines(command, peak_flops):
+    from benchmarks.report import machine_info
+
+    info = machine_info()
+    machine = ", ".join(f"{k}: {v}" for k, v in info.items())
+    return [
+        f"### {datetime.datetime.now():%Y-%m-%d %H:%M} — `{command}`",
+        "",
+        f"Machine: {machine}. Measured fp32 matmul peak: {peak_flops / 1e9:,.1f} GFLOP/s.",
+        "",
+    ]
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from benchmarks.report import measure_matmul_flops
+
+    peak = measure_matmul_flops("cpu")
+    command = "python bench.py " + " ".join(shlex.quote(a) for a in argv)
+    lines = header_lines(command, peak)
+    print("\n".join(lines))
+    suites = ALL if args.suite == "all" else [args.suite]
+    for name in suites:
+        module = importlib.import_module(SUITES[name])
+        suite_args = args
+        if args.suite == "all":  # each suite's own defaults
+            suite_parser = argparse.ArgumentParser()
+            module.add_arguments(suite_parser)
+            suite_args = suite_parser.parse_args([])
+        suite_args.cpu_peak_flops = peak
+        for table in module.run(suite_args):
+            text = table.to_markdown()
+            print(text + "\n", flush=True)
+            lines += [text, ""]
+    if not args.no_record:
+        with open(RESULTS, "a") as f:
+            f.write("\n".join(lines) + "\n")
+        print(f"appended to {RESULTS.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
