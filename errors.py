@@ -10,6 +10,7 @@ the message without a traceback and exits with a documented code:
     130  interrupted by Ctrl-C before anything could be saved
 """
 
+import os
 import sys
 
 EXIT_FAILED = 1
@@ -38,4 +39,7 @@ def run_main(main, argv=None):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = EXIT_INTERRUPTED
+    except BrokenPipeError:  # output piped into `head` that has closed: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
     sys.exit(code or 0)

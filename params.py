@@ -55,14 +55,25 @@ def parameter_table(config):
     return list(counts.items())
 
 
+def padding_rows(config):
+    """Parameters in embedding rows added by pad_vocab_multiple: never used, not counted."""
+    tables = 1 if config.tie_embeddings else 2
+    return (config.padded_vocab_size - config.vocab_size) * config.n_embd * tables
+
+
 def format_parameter_report(config):
     rows = parameter_table(config)
+    padding = padding_rows(config)
+    if padding:  # report the model as defined; the padding rows get a line of their own
+        per_table = (config.padded_vocab_size - config.vocab_size) * config.n_embd
+        rows = [(name, count - per_table if name in ("token embedding (wte)", "output layer (lm_head)") and count else count)
+                for name, count in rows]
     counts = dict(rows)
     total = sum(counts.values())
     non_embedding = total - sum(counts[name] for name in EMBEDDING_COMPONENTS)
     L, d = config.n_layer, config.n_embd
     estimate = 12 * L * d * d
-    embedding_estimate = config.padded_vocab_size * d * (1 if config.tie_embeddings else 2)
+    embedding_estimate = config.vocab_size * d * (1 if config.tie_embeddings else 2)
     if config.pos_encoding == "learned":
         embedding_estimate += config.block_size * d
 
@@ -78,8 +89,13 @@ def format_parameter_report(config):
         if count or name == "output layer (lm_head)":
             note = "  (tied to wte)" if name == "output layer (lm_head)" and config.tie_embeddings else ""
             lines.append(f"{name:<40}{count:>16,}{count / total:>8.1%}{note}")
+    lines.append(f"{'total':<40}{total:>16,}")
+    if padding:
+        lines.append(
+            f"{'+ vocabulary padding (never predicted)':<40}{padding:>16,}"
+            f"  (pad_vocab_multiple={config.pad_vocab_multiple}: {total + padding:,} in memory)"
+        )
     lines += [
-        f"{'total':<40}{total:>16,}",
         "",
         f"{'':<40}{'exact':>16}{'estimate':>16}{'exact/est.':>12}",
         f"{'without embeddings (12·L·d²)':<40}{non_embedding:>16,}{estimate:>16,}{non_embedding / estimate:>12.4f}",

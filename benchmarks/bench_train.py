@@ -28,7 +28,7 @@ SHAPES = {
     # nanoGPT README's "I only have a CPU" run: 4 layers, 4 heads, 128 wide, context 64, batch 12
     "nanogpt_cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, bias=False, vocab_size=65),
     # GPT-2 small as configs/gpt2.py trains it, one micro-batch per step on one device
-    "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, batch_size=12, bias=False,
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, batch_size=12, bias=True,
                  vocab_size=50257, pad_vocab_multiple=64),
 }
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "pad_vocab_multiple")

@@ -21,6 +21,14 @@ def test_gpt2_small_table():
     assert table["attention (c_attn, c_proj, q/k norms)"] == 12 * (768 * 3 * 768 + 3 * 768 + 768 * 768 + 768)
 
 
+def test_shipped_gpt2_config_counts_gpt2_small_and_shows_padding_apart(capsys):
+    assert params.main([str(REPO / "configs" / "gpt2.py")]) == 0
+    out = capsys.readouterr().out
+    assert "total                                        124,439,808" in out
+    assert "vocabulary padding (never predicted)            36,096" in out  # 47 rows of 768
+    assert "124,475,904 in memory" in out
+
+
 def test_llama2_7b_config_file(capsys):
     assert params.main([str(REPO / "configs" / "llama2_7b.py")]) == 0
     out = capsys.readouterr().out
