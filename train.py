@@ -38,6 +38,7 @@ from errors import RunFailed, UserError, run_main
 from model import GPT, GPTConfig, estimate_mfu, peak_flops_for_device
 from run_state import provenance, rng_state, set_rng_state
 
+FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHOICES = {
@@ -55,7 +56,7 @@ class TrainConfig:
     out_dir: str = setting("out", "folder for ckpt.pt, best.pt, config.json and metrics.jsonl")
     eval_interval: int = setting(2000, "evaluate, and save ckpt.pt, every this many iterations")
     log_interval: int = setting(1, "log the training loss every this many iterations")
-    eval_iters: int = setting(200, "batches per split for each loss estimate; 0 = the whole val split (train: as many random windows)")
+    eval_iters: int = setting(200, "batches per split for each loss estimate; 0 = the whole val split (train: 20 random batches)")
     eval_only: bool = setting(False, "evaluate once, print the losses and exit (writes nothing)")
     always_save_checkpoint: bool = setting(True, "save ckpt.pt at every eval; false: only when the val loss improves")
     init_from: str = setting("scratch", "scratch | resume (out_dir/ckpt.pt) | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a local Hugging Face folder")
@@ -341,9 +342,8 @@ def run(model_cfg, cfg, d):
         split: data.eval_offsets(cfg.seed, split, batches.n_tokens(split), T, B, cfg.eval_iters)
         for split in ("train", "val")
     }
-    if cfg.eval_iters == 0:  # train: a fixed sample as large as the whole val split
-        n_val = sum(len(b) for b in eval_sets["val"])
-        eval_sets["train"] = data.eval_offsets(cfg.seed, "train", batches.n_tokens("train"), T, B, math.ceil(n_val / B))
+    if cfg.eval_iters == 0:  # the val loss is what is compared; a fixed train sample suffices
+        eval_sets["train"] = data.eval_offsets(cfg.seed, "train", batches.n_tokens("train"), T, B, FULL_EVAL_TRAIN_BATCHES)
     tokens_per_iter = B * T * G
     last_ckpt = (iter_num, out_dir / "ckpt.pt") if cfg.init_from == "resume" else None
 
