@@ -32,7 +32,6 @@ stays fast (the quick-start model has block_size 64, its samples are 500
 tokens). `--shift_context false` gives exactly nanoGPT's tokens.
 """
 
-import contextlib
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -83,7 +82,7 @@ class SampleConfig:
     stop: str | None = setting(None, "end a sample before the first occurrence of this string")
     seed: int = setting(1337, "random seed: the same seed gives the same text")
     device: str = setting("auto", "auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps")
-    dtype: str = setting("auto", "auto (bfloat16 on CUDA when supported, else float32), float32, bfloat16, float16")
+    dtype: str = setting("auto", "weights' dtype: auto (bfloat16 on CUDA when supported, else float32), float32, bfloat16 (2x faster one-sample decoding on most CPUs), float16")
     compile: bool = setting(False, "torch.compile the model (slow to start; pays off only for long runs)")
     use_cache: bool = setting(True, "keep past keys/values (fast); false recomputes the whole context every token")
     shift_context: bool = setting(
@@ -128,14 +127,14 @@ def resolve_device(name):
     return device
 
 
-def autocast_context(dtype, device):
-    """Mixed precision for the forward passes; float32 runs as is."""
+def inference_dtype(dtype, device):
+    """The dtype the weights are cast to. Generating needs no fp32 master copy, and
+    one token at a time reads every weight once per step: half the bytes (bfloat16)
+    is up to twice the speed where memory bandwidth is the limit, as on CPUs."""
     if dtype == "auto":
         bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
         dtype = "bfloat16" if bf16 else "float32"
-    if dtype == "float32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
+    return DTYPES[dtype]
 
 
 def find_checkpoint(out_dir, ckpt=None):
@@ -357,7 +356,7 @@ def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None):
     generator.manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)  # (B, T)
     streams = [TextStream(tokenizer, cfg.stop) for _ in range(cfg.num_samples)]
-    with torch.no_grad(), autocast_context(cfg.dtype, device):
+    with torch.no_grad():
         steps = model.generate_stream(
             idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
             min_p=cfg.min_p, repetition_penalty=cfg.repetition_penalty, generator=generator,
@@ -397,7 +396,7 @@ def main(argv=None):
     model, tokenizer, summary = load_model(cfg)
     print(summary, file=sys.stderr)
     prompt_ids = encode_prompt(tokenizer, prompt)  # before any heavy work: unknown characters fail here
-    model.to(device)
+    model.to(device=device, dtype=inference_dtype(cfg.dtype, device))
 
     if cfg.attention is not None:
         from attention_plot import draw_attention

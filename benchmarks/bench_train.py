@@ -31,7 +31,6 @@ SHAPES = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, batch_size=12, bias=True,
                  vocab_size=50257, pad_vocab_multiple=64),
 }
-MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "pad_vocab_multiple")
 
 
 def add_arguments(parser):
@@ -45,11 +44,17 @@ def add_arguments(parser):
     parser.add_argument("--compile", default="auto", help="auto (on for CUDA), true, false")
 
 
+# Settings of a config file that describe the run, not the model or the step.
+NOT_MEASURED = ("out_dir", "dataset", "data_dir", "eval_interval", "eval_iters", "log_interval", "max_iters",
+                "lr_decay_iters", "warmup_iters", "init_from", "wandb_log", "wandb_project", "wandb_run_name")
+
+
 def quickstart_shape():
+    """configs/shakespeare.py's model, batch and optimizer, exactly as it trains."""
     from config import read_config_file
 
     cfg = read_config_file(REPO / "configs" / "shakespeare.py")
-    shape = {k: cfg[k] for k in (*MODEL_KEYS, "batch_size") if k in cfg}
+    shape = {k: v for k, v in cfg.items() if k not in NOT_MEASURED}
     shape["vocab_size"] = 65  # Tiny Shakespeare's characters
     return shape
 

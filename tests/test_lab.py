@@ -213,18 +213,12 @@ CHAPTER_HEADING = "## Reading the code alongside the Transformer chapter"
 
 
 def chapter_section():
-    """The section's text from README.md, or from its draft docs/chapter.md."""
+    """The section's text from README.md."""
     from pathlib import Path
 
-    root = Path(REPO)
-    readme = root / "README.md"
-    if readme.is_file() and CHAPTER_HEADING in readme.read_text(encoding="utf-8"):
-        text = readme.read_text(encoding="utf-8").split(CHAPTER_HEADING, 1)[1]
-        return text.split("\n## ", 1)[0]
-    draft = root / "docs" / "chapter.md"
-    if draft.is_file():
-        return draft.read_text(encoding="utf-8")
-    pytest.skip("neither README.md nor docs/chapter.md has the chapter section")
+    text = (Path(REPO) / "README.md").read_text(encoding="utf-8")
+    assert CHAPTER_HEADING in text, "README.md lost its chapter section"
+    return text.split(CHAPTER_HEADING, 1)[1].split("\n## ", 1)[0]
 
 
 def test_chapter_map_names_functions_that_exist():
