@@ -337,9 +337,9 @@ def build_tables(configs, points, target, Table):
         "speedrun: summary, mean (min–max) over seeds",
         ["config", "reached target", "time to target (s)", "ratio to A's train time",
          "final val loss", "ms/iter"],
-        note=f"Ratio: per seed, the config's time to target over A's whole training time "
-        f"(the issue's goal for B: at most 0.5). A's ms/iter is our plain speed at "
-        f"nanoGPT-equivalent settings.",
+        note="Ratio: per seed, the config's time to target over A's whole training time "
+        "(the issue's goal for B: at most 0.5). A's ms/iter is our plain speed at "
+        "nanoGPT-equivalent settings.",
     )
     baseline = summaries[baseline_label]
     for label in labels:

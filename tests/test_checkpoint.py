@@ -14,7 +14,7 @@ import torch
 
 import checkpoint
 from checkpoint import load_checkpoint, save_checkpoint
-from errors import RunFailed, UserError
+from errors import UserError
 
 REPO = Path(checkpoint.__file__).resolve().parent
 

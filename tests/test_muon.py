@@ -11,15 +11,6 @@ import torch
 from muon import Muon, orthogonalize, split_params_for_muon
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # These tensors are tiny: on the shared 2-core machine two threads spent
-    # their time waiting on each other (the tiny-GPT test took 33 s with 2
-    # threads under load, 1.8 s with 1), and the results are the same.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # Singular values the 5-step quintic leaves, measured on random Gaussian

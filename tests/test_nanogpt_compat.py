@@ -2,10 +2,10 @@
 layout (no nanoGPT code), checked against nanoGPT's forward pass written out."""
 
 import math
-import os
 import pickle
 
 import pytest
+from malicious import RunsCode
 import torch
 import torch.nn.functional as F
 
@@ -17,13 +17,6 @@ CHARS = sorted(set("\n !',-.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvw
 ARGS = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, dropout=0.0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run much faster on one thread when the shared CPU is busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def nanogpt_weights(n_layer, n_embd, block_size, vocab_size, bias, seed=0, **_):
@@ -176,12 +169,6 @@ def test_meta_path_given_or_missing(tmp_path):
         sample.model_from_checkpoint(ckpt, "ckpt.pt", meta=big)
 
 
-class RunsCode:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
 
 
 def test_meta_pkl_that_would_run_code_is_refused(tmp_path):

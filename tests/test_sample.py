@@ -8,6 +8,7 @@ import sys
 import types
 
 import pytest
+from malicious import RunsCode
 import torch
 
 import sample
@@ -23,13 +24,6 @@ BLOCK = 16
 SEP = "\n" + "-" * 15 + "\n"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run ~15x faster on one thread when the shared CPU is busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_model(seed=0, sharpen=40.0):
@@ -324,14 +318,6 @@ def test_checkpoint_that_does_not_fit_its_config(tiny, tmp_path, capsys):
     assert code == 2 and "do not fit" in err and "missing transformer.ln_f.weight" in err
 
 
-class RunsCode:
-    """Unpickling this runs a shell command (the classic pickle attack)."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
 
 
 def test_checkpoint_that_would_run_code_is_refused(tmp_path):

@@ -27,14 +27,6 @@ from train_helpers import (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One thread: the tiny model is faster so, and results are bit-for-bit repeatable
-    between this process and the subprocesses (OMP_NUM_THREADS=1)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture
@@ -251,7 +243,7 @@ def test_eval_only_evaluates_and_writes_nothing(data_dir, tmp_path, capsys):
     assert train.main(tiny_args(data_dir, out, init_from="resume", eval_only="true")) == 0
     text = capsys.readouterr().out
     val = read_metrics(out, "eval")[-1]["val_loss"]
-    assert f"eval 10 | train loss" in text and f"val loss {val:.4f}" in text
+    assert "eval 10 | train loss" in text and f"val loss {val:.4f}" in text
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == files
     assert (out / "metrics.jsonl").read_text() == metrics
 
