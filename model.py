@@ -7,7 +7,7 @@ read in exactly one place:
     pos_encoding   learned | sinusoidal | rope | none     (GPT._embed; rope in CausalSelfAttention.qkv)
     norm           layernorm | rmsnorm                     (make_norm)
     norm_placement pre | post                              (Block.forward)
-    mlp            gelu | relu2 | swiglu                   (MLP.forward)
+    mlp            gelu | gelu_exact | relu2 | swiglu      (MLP.forward)
     attention      sdpa | reference                        (CausalSelfAttention.forward)
 
 One forward pass, for token ids idx of shape (B, T):
@@ -35,7 +35,7 @@ CHOICES = {
     "pos_encoding": ("learned", "sinusoidal", "rope", "none"),
     "norm": ("layernorm", "rmsnorm"),
     "norm_placement": ("pre", "post"),
-    "mlp": ("gelu", "relu2", "swiglu"),
+    "mlp": ("gelu", "gelu_exact", "relu2", "swiglu"),
     "attention": ("sdpa", "reference"),
 }
 NORM_EPS = 1e-5  # GPT-2's layer_norm_epsilon and LLaMA-2's rms_norm_eps
@@ -56,7 +56,7 @@ class GPTConfig:
     rope_theta: float = setting(10000.0, "RoPE base: rotation angles are position * rope_theta^(-2i/head_dim)")
     norm: str = setting("layernorm", "normalization: layernorm | rmsnorm")
     norm_placement: str = setting("pre", "pre (GPT-2 and later) or post (the original Transformer)")
-    mlp: str = setting("gelu", "MLP: gelu | relu2 | swiglu")
+    mlp: str = setting("gelu", "MLP: gelu (GPT-2's tanh form) | gelu_exact (erf, nanoGPT) | relu2 | swiglu")
     mlp_hidden: int | None = setting(None, "MLP hidden size; none = 4*n_embd, or for swiglu the size matching its parameters")
     qk_norm: bool = setting(False, "RMS-normalize queries and keys per head before attention")
     n_kv_head: int | None = setting(None, "key/value heads (none = n_head; fewer = grouped-query, 1 = multi-query)")
@@ -299,6 +299,8 @@ class MLP(nn.Module):
         h = self.c_fc(x)  # (B, T, fc_width)
         if self.kind == "gelu":  # GPT-2 uses GELU's tanh approximation ("gelu_new")
             h = F.gelu(h, approximate="tanh")
+        elif self.kind == "gelu_exact":  # the erf form, as nanoGPT's nn.GELU(): its checkpoints load exactly
+            h = F.gelu(h)
         elif self.kind == "relu2":  # Primer (So et al. 2021)
             h = F.relu(h).square()
         else:  # SwiGLU (Shazeer 2020): silu(gate) * up

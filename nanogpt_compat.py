@@ -93,7 +93,7 @@ def nanogpt_model_config(ckpt, tokenizer_vocab_size):
         "pos_encoding": "learned",
         "norm": "layernorm",
         "norm_placement": "pre",
-        "mlp": "gelu",
+        "mlp": "gelu_exact",  # nanoGPT's nn.GELU() is the erf form, not GPT-2's tanh
         "tie_embeddings": True,
     }
 

@@ -123,12 +123,12 @@ def test_nanogpt_checkpoint_gives_nanogpt_logits(tmp_path, bias):
         exact = nanogpt_logits(sd, idx, **args)
         tanh = nanogpt_logits(sd, idx, **args, gelu="tanh")
     assert exact.abs().max() > 1  # logits of a size where a wrong mapping would show
-    # Every weight lands where nanoGPT uses it: equal to the written-out forward pass with
-    # the GELU our MLP computes (GPT-2's tanh form)...
-    assert torch.allclose(ours, tanh, atol=1e-5, rtol=0), (ours - tanh).abs().max()
-    # ...and within the tanh-vs-erf GELU gap of nanoGPT's own nn.GELU() (max 5e-4 per
-    # activation): close enough that samples read the same.
-    assert (ours - exact).abs().max() < 2e-2
+    # Every weight lands where nanoGPT uses it, and the MLP uses nanoGPT's erf GELU
+    # (mlp="gelu_exact"): equal to nanoGPT's forward pass written out...
+    assert model.config.mlp == "gelu_exact"
+    assert torch.allclose(ours, exact, atol=1e-5, rtol=0), (ours - exact).abs().max()
+    # ...and measurably not GPT-2's tanh form, so the test would see the wrong GELU.
+    assert (ours - tanh).abs().max() > 1e-4
 
 
 def test_nanogpt_checkpoint_samples_from_out_dir(tmp_path, capsys):
