@@ -62,7 +62,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    from benchmarks.report import measure_matmul_flops
+    from mfu import measure_matmul_flops
 
     peak = measure_matmul_flops("cpu")
     command = "python bench.py " + " ".join(shlex.quote(a) for a in argv)

@@ -19,8 +19,6 @@ One forward pass, for token ids idx of shape (B, T):
     python params.py configs/gpt2.py        # where the 124M parameters are
 """
 
-import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 
@@ -515,49 +513,3 @@ class GPT(nn.Module):
             stop_tokens, generator, use_cache, shift_context,
         ))
         return torch.cat([idx] + [t[:, None] for t in new], dim=1)
-
-
-# Peak dense bf16 tensor throughput, from NVIDIA's datasheets (the "with sparsity"
-# figures are twice these). More specific names come first: matched as substrings of
-# torch.cuda.get_device_name(), e.g. "NVIDIA H100 80GB HBM3" is the SXM part.
-GPU_PEAK_FLOPS = {
-    "H100 PCIe": 756e12,  # H100 datasheet: 1,513 TFLOPS bf16 with sparsity
-    "H100 NVL": 835e12,  # H100 datasheet: 1,671 TFLOPS bf16 with sparsity
-    "H100": 989e12,  # H100 SXM: 1,979 with sparsity
-    "H200": 989e12,  # H200 datasheet: same Hopper tensor cores as H100 SXM
-    "A100": 312e12,  # A100 datasheet: 312 TFLOPS bf16 dense
-}
-
-
-def flops_per_token(config):
-    """Training FLOPs per token, 6N + 12*L*T*d: 6 per weight for the forward and backward
-    matrix products plus the attention scores and mixing (PaLM, Chowdhery et al. 2022,
-    appendix B; nanoGPT's estimate_mfu). N counts the weights used in matrix products:
-    everything but the embedding lookups (a tied wte counts once, as the lm_head)."""
-    return _flops_per_token(*dataclasses.astuple(config))  # cached: asked at every log line
-
-
-@functools.lru_cache(maxsize=8)
-def _flops_per_token(*fields):
-    config = GPTConfig(*fields)
-    with torch.device("meta"):  # shapes only: no memory, even for 7B
-        model = GPT(config)
-    n = model.num_params(non_embedding=True) + model.lm_head.weight.numel()
-    return 6 * n + 12 * config.n_layer * config.block_size * config.n_embd
-
-
-def estimate_mfu(config, tokens_per_second, peak_flops):
-    """Model FLOPs utilization: the fraction of the device's peak that training uses."""
-    return flops_per_token(config) * tokens_per_second / peak_flops
-
-
-def peak_flops_for_device(device):
-    """Peak bf16 FLOP/s of a known CUDA GPU, or None (CPU, unknown GPU: measure it)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, flops in GPU_PEAK_FLOPS.items():
-        if key in name:
-            return flops
-    return None

@@ -35,7 +35,8 @@ import train_log
 from checkpoint import load_checkpoint, save_checkpoint
 from config import parse_settings, setting, settings_dict
 from errors import RunFailed, UserError, run_main
-from model import GPT, GPTConfig, estimate_mfu, peak_flops_for_device
+from mfu import estimate_mfu, measure_matmul_flops, peak_flops_for_device
+from model import GPT, GPTConfig
 from run_state import provenance, rng_state, set_rng_state
 
 FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
@@ -478,8 +479,6 @@ def measure_peak(device):
     if device not in _PEAKS:
         peak = peak_flops_for_device(device)
         if peak is None and device == "cpu":
-            from benchmarks.report import measure_matmul_flops
-
             with torch.random.fork_rng(devices=[]):  # its random matrices must not shift dropout's stream
                 peak = measure_matmul_flops("cpu", seconds=0.3)
         _PEAKS[device] = peak

@@ -100,8 +100,9 @@ def measure(name, shape, args, tmp):
 def run(args):
     import torch
 
-    from benchmarks.report import Table, measure_matmul_flops
-    from model import GPT, GPTConfig, estimate_mfu, peak_flops_for_device
+    from benchmarks.report import Table
+    from mfu import estimate_mfu, measure_matmul_flops, peak_flops_for_device
+    from model import GPT, GPTConfig
 
     names = [n.strip() for n in args.model.split(",") if n.strip()]
     unknown = [n for n in names if n not in SHAPES]

@@ -9,6 +9,7 @@ import time
 import torch
 
 
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
@@ -31,31 +32,6 @@ def machine_info():
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info
-
-
-def measure_matmul_flops(device="cpu", n=1024, dtype=torch.float32, seconds=1.0):
-    """Sustained FLOP/s of an n x n matmul: the peak that MFU is measured against
-    on a CPU, where no datasheet number applies. Best of several timed bursts."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-
-    def sync():
-        if str(device).startswith("cuda"):
-            torch.cuda.synchronize()
-
-    for _ in range(3):  # warm up caches and the thread pool
-        a @ b
-    sync()
-    best = 0.0
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        sync()
-        dt = time.perf_counter() - t0
-        best = max(best, 4 * 2 * n**3 / dt)
-    return best
 
 
 class Table:

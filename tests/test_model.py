@@ -7,14 +7,10 @@ import torch
 
 from model import (
     GPT,
-    GPU_PEAK_FLOPS,
     CausalSelfAttention,
     GPTConfig,
     KVCache,
     apply_rope,
-    estimate_mfu,
-    flops_per_token,
-    peak_flops_for_device,
     reference_attention,
     rope_angles,
 )
@@ -319,22 +315,6 @@ def test_crop_block_size(pos_encoding):
     with pytest.raises(ValueError, match="block_size=8"):
         model(torch.randint(0, 37, (1, 9)))
     assert model.generate(idx, 4, temperature=0).shape == (1, 12)
-
-
-def test_flops_and_mfu():
-    c = GPTConfig()
-    n = 124_439_808 - 1024 * 768  # the position table is a lookup, not a matrix product
-    assert flops_per_token(c) == 6 * n + 12 * 12 * 1024 * 768
-    assert estimate_mfu(c, 1000.0, 312e12) == pytest.approx(flops_per_token(c) * 1000 / 312e12)
-    assert GPU_PEAK_FLOPS["A100"] == 312e12 and GPU_PEAK_FLOPS["H100"] == 989e12 and GPU_PEAK_FLOPS["H200"] == 989e12
-    assert peak_flops_for_device("cpu") is None
-
-
-def test_peak_flops_matches_device_names(monkeypatch):
-    for name, expected in [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
-                           ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA H200", 989e12), ("Tesla T4", None)]:
-        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, n=name: n)
-        assert peak_flops_for_device("cuda") == expected, name
 
 
 def test_training_steps_lower_the_loss():
