@@ -20,7 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from errors import run_main
+from gptkit.errors import run_main
 
 SUITES = {
     "prepare": "benchmarks.bench_prepare",
@@ -62,7 +62,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    from mfu import measure_matmul_flops
+    from gptkit.train.mfu import measure_matmul_flops
 
     peak = measure_matmul_flops("cpu")
     command = "python bench.py " + " ".join(shlex.quote(a) for a in argv)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from errors import UserError, run_main
+from gptkit.errors import UserError, run_main
 from model import CausalSelfAttention, GPTConfig, reference_attention
 
 DEFAULT_TEXT = "the cat sat on mat"

@@ -1,7 +1,7 @@
 """The GPT: a decoder-only Transformer, with the variants the Transformer chapter teaches.
 
 Defaults are GPT-2 small (Radford et al. 2019) with GPT-2's parameter names, so the
-pretrained weights load name by name (hf_gpt2.py). Each variant is one GPTConfig field,
+pretrained weights load name by name (gptkit/interop/hf_gpt2.py). Each variant is one GPTConfig field,
 read in exactly one place:
 
     pos_encoding   learned | sinusoidal | rope | none     (GPT._embed; rope in CausalSelfAttention.qkv)
@@ -26,8 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from config import setting
-from sampling import check_sampling_options, choose_next_token
+from gptkit.config import setting
+from gptkit.sampling import check_sampling_options, choose_next_token
 
 CHOICES = {
     "pos_encoding": ("learned", "sinusoidal", "rope", "none"),

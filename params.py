@@ -19,8 +19,8 @@ import typing
 
 import torch
 
-from config import check_value, parse_value, read_config_file, split_argv
-from errors import UserError, run_main
+from gptkit.config import check_value, parse_value, read_config_file, split_argv
+from gptkit.errors import UserError, run_main
 from model import GPT, GPTConfig
 
 COMPONENTS = (

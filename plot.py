@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from errors import UserError, run_main
+from gptkit.errors import UserError, run_main
 
 METRICS_FILE = "metrics.jsonl"
 

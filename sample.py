@@ -12,7 +12,7 @@ Which model: `--ckpt FILE`, else `--out_dir` (default out-shakespeare, where
 `python train.py configs/shakespeare.py` writes), taking best.pt there, else
 ckpt.pt. The file loaded is named on stderr; stdout holds only the samples.
 Checkpoints load with weights_only=True: a file holding pickled code is refused.
-nanoGPT's ckpt.pt loads too (nanogpt_compat.py).
+nanoGPT's ckpt.pt loads too (gptkit/interop/nanogpt.py).
 
 Output: the tokenizer stored in the checkpoint encodes the prompt and decodes the
 samples. All `num_samples` are generated together as one batch; sample 1 is
@@ -39,26 +39,16 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import FORMAT_VERSION, load_checkpoint
-from config import parse_settings, setting
-from errors import UserError, run_main
-from nanogpt_compat import (
-    is_nanogpt_checkpoint,
-    nanogpt_model_config,
-    nanogpt_state_dict,
-    nanogpt_tokenizer_dict,
-    strip_wrapper_prefixes,
-)
-from sampling import check_sampling_options
-from tokenizer import tokenizer_from_dict
+from gptkit.config import parse_settings, setting
+from gptkit.device import DTYPES, inference_dtype, resolve_device
+from gptkit.errors import UserError, run_main
+from gptkit.generate import generate_samples
+from gptkit.loading import load_model
+from gptkit.sampling import check_sampling_options
 
-GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-CHECKPOINT_NAMES = ("best.pt", "ckpt.pt")  # best.pt first: the weights with the lowest val loss
+
 SEPARATOR = "-" * 15  # printed after every sample, as nanoGPT does
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-REPLACEMENT = "\ufffd"  # what decoding prints for incomplete UTF-8
 ESCAPES = {"\\n": "\n", "\\t": "\t", "\\\\": "\\"}
-MAX_PENDING = 4  # a UTF-8 character is at most 4 bytes, and every BPE token holds at least one
 
 
 @dataclass
@@ -108,143 +98,6 @@ class SampleConfig:
 # ---- loading -------------------------------------------------------------------
 
 
-def resolve_device(name):
-    """'auto' -> the best device present; an explicit device must exist."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device {name!r} asked for, but this PyTorch sees no CUDA GPU: use --device cpu")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError(f"device {name!r} asked for, but MPS is not available: use --device cpu")
-    return device
-
-
-def inference_dtype(dtype, device):
-    """The dtype the weights are cast to. Generating needs no fp32 master copy, and
-    one token at a time reads every weight once per step: half the bytes (bfloat16)
-    is up to twice the speed where memory bandwidth is the limit, as on CPUs."""
-    if dtype == "auto":
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        dtype = "bfloat16" if bf16 else "float32"
-    return DTYPES[dtype]
-
-
-def find_checkpoint(out_dir, ckpt=None):
-    """The file to load: `ckpt` when given, else best.pt or ckpt.pt in `out_dir`."""
-    if ckpt:
-        return Path(ckpt)
-    folder = Path(out_dir)
-    for name in CHECKPOINT_NAMES:
-        if (folder / name).is_file():
-            return folder / name
-    how = "train one first with python train.py configs/shakespeare.py, or pass --out_dir DIR or --ckpt FILE"
-    if not folder.is_dir():
-        raise UserError(f"no checkpoint: the folder {folder} does not exist; {how}")
-    raise UserError(f"no checkpoint in {folder} (looked for {' and '.join(CHECKPOINT_NAMES)}); {how}")
-
-
-def load_weights(model, state_dict, source):
-    """Copy weights into `model`, explaining any mismatch instead of a traceback.
-    Buffers the file lacks (e.g. a mask the model builds itself) keep the model's values."""
-    target = model.state_dict()
-    buffers = {name for name, _ in model.named_buffers()}
-    missing = [k for k in target if k not in state_dict and k not in buffers]
-    unexpected = [k for k in state_dict if k not in target]
-    wrong_shape = [
-        f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}"
-        for k, v in state_dict.items()
-        if k in target and (not torch.is_tensor(v) or v.shape != target[k].shape)
-    ]
-    if missing or unexpected or wrong_shape:
-        parts = [
-            f"{label} {', '.join(items[:4])}{' ...' if len(items) > 4 else ''}"
-            for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong_shape))
-            if items
-        ]
-        raise UserError(f"the weights in {source} do not fit the model its config describes: {'; '.join(parts)}")
-    model.load_state_dict(state_dict, strict=False)
-
-
-def model_from_checkpoint(ckpt, source, data_dir="data", meta=None):
-    """(GPT in eval mode, tokenizer, one-line summary) from a loaded checkpoint dict:
-    ours (format_version, model_config, tokenizer) or nanoGPT's (model_args)."""
-    from model import GPT, GPTConfig  # imported here so `sample.py --help` stays quick
-
-    if not isinstance(ckpt, dict):
-        raise UserError(f"{source} is not a checkpoint: it holds a {type(ckpt).__name__}, not a dict")
-    if is_nanogpt_checkpoint(ckpt):
-        tokenizer_dict, tokenizer_source = nanogpt_tokenizer_dict(ckpt, data_dir, meta)
-        tokenizer = tokenizer_from_dict(tokenizer_dict)
-        model_kwargs = nanogpt_model_config(ckpt, tokenizer.vocab_size)
-        state = nanogpt_state_dict(ckpt)
-        described = f"nanoGPT checkpoint, vocabulary from {tokenizer_source}"
-        val_loss = ckpt.get("best_val_loss")
-    elif all(k in ckpt for k in ("model", "model_config", "tokenizer")):
-        version = ckpt.get("format_version", FORMAT_VERSION)
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise UserError(
-                f"{source} has format_version {version!r}; this sample.py reads up to {FORMAT_VERSION}: update the code"
-            )
-        tokenizer = tokenizer_from_dict(ckpt["tokenizer"])
-        model_kwargs = dict(ckpt["model_config"])
-        state = strip_wrapper_prefixes(ckpt["model"])
-        described = f"{ckpt['tokenizer'].get('type')} tokenizer"
-        val_loss = ckpt.get("val_loss", ckpt.get("best_val_loss"))
-    else:
-        keys = ", ".join(sorted(map(str, ckpt))[:8]) or "none"
-        raise UserError(f"{source} is not a checkpoint of this project or of nanoGPT (its keys: {keys})")
-
-    model_kwargs["dropout"] = 0.0  # sampling never drops out
-    try:
-        config = GPTConfig(**model_kwargs)
-    except TypeError as e:  # a field this model.py does not know
-        raise UserError(
-            f"{source}: its model_config does not fit this model.py ({e}); was it written by a newer version?"
-        )
-    except ValueError as e:
-        raise UserError(f"{source}: {e}")
-    if tokenizer.vocab_size > config.vocab_size:
-        raise UserError(
-            f"{source}: its tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
-        )
-    model = GPT(config)
-    load_weights(model, state, source)
-    model.eval()
-
-    details = [described]
-    if isinstance(ckpt.get("iter_num"), int):
-        details.append(f"iteration {ckpt['iter_num']}")
-    if val_loss is not None:
-        details.append(f"val loss {float(val_loss):.4f}")
-    return model, tokenizer, f"loaded {source} ({', '.join(details)})"
-
-
-def load_model(cfg):
-    """(GPT on the CPU in eval mode, tokenizer, summary) for cfg.init_from / out_dir / ckpt."""
-    if cfg.init_from != "resume":
-        if cfg.init_from not in GPT2_NAMES and not Path(cfg.init_from).is_dir():
-            raise UserError(
-                f"init_from={cfg.init_from!r} must be resume, one of {', '.join(GPT2_NAMES)}, "
-                "or a folder in Hugging Face format (config.json and model.safetensors)"
-            )
-        from hf_gpt2 import load_gpt2
-
-        model = load_gpt2(cfg.init_from)
-        model.eval()
-        return model, tokenizer_from_dict({"type": "gpt2"}), f"loaded pretrained {cfg.init_from} (GPT-2 BPE)"
-    path = find_checkpoint(cfg.out_dir, cfg.ckpt)
-    ckpt = load_checkpoint(path, map_location="cpu")  # UserError for a missing, damaged or unsafe file
-    return model_from_checkpoint(ckpt, path, cfg.data_dir, cfg.meta)
-
-
 def unescape(text):
     """Turn the two-character sequences \\n, \\t and \\\\ typed in a shell into a newline,
     a tab and a backslash (as llama.cpp does), so --stop "\\n\\n" means a blank line."""
@@ -284,102 +137,6 @@ def encode_prompt(tokenizer, prompt):
     return ids
 
 
-# ---- generating ----------------------------------------------------------------
-
-
-def held_back(text, stop):
-    """Length of the longest end of `text` that could be the start of `stop`: that
-    much must wait, since the next tokens may complete the stop string."""
-    for k in range(min(len(stop) - 1, len(text)), 0, -1):
-        if text.endswith(stop[:k]):
-            return k
-    return 0
-
-
-class TextStream:
-    """One sample's text, built token by token.
-
-    BPE may split one character's UTF-8 bytes across tokens; decoding them alone
-    prints U+FFFD, so tokens wait in `pending` until they decode to whole
-    characters. The text ends before the first occurrence of `stop`."""
-
-    def __init__(self, tokenizer, stop=None):
-        self.tokenizer, self.stop = tokenizer, stop
-        self.pending = []  # tokens not yet turned into text
-        self.text = ""
-        self.shown = 0  # how much of text take_new() has handed out
-        self.stopped = False  # the stop string was found
-        self.closed = False  # no more tokens will come
-
-    def push(self, token):
-        if self.stopped:
-            return
-        if token == self.tokenizer.eot_id:  # a BPE model ended its document
-            self.close()
-            self.stopped = True
-            return
-        self.pending.append(token)
-        piece = self.tokenizer.decode(self.pending)
-        if piece.endswith(REPLACEMENT) and len(self.pending) < MAX_PENDING:
-            return  # maybe half a character: wait for the next token
-        self.pending = []
-        self._append(piece)
-
-    def _append(self, piece):
-        search_from = max(0, len(self.text) - len(self.stop) + 1) if self.stop else 0
-        self.text += piece
-        if self.stop:
-            found = self.text.find(self.stop, search_from)
-            if found >= 0:
-                self.text, self.stopped = self.text[:found], True
-
-    def close(self):
-        if self.pending and not self.stopped:
-            self._append(self.tokenizer.decode(self.pending))
-        self.pending, self.closed = [], True
-
-    def take_new(self):
-        """The text not handed out yet, minus a tail that may begin the stop string."""
-        end = len(self.text)
-        if self.stop and not (self.stopped or self.closed):
-            end -= held_back(self.text, self.stop)
-        new, self.shown = self.text[self.shown:end], max(self.shown, end)
-        return new
-
-
-def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None):
-    """Generate cfg.num_samples continuations of `prompt_ids` together as one batch.
-
-    Returns the text of each sample (without the prompt), cut before cfg.stop.
-    `on_text(piece)` is called with sample 1's new text as it is generated."""
-    generator = torch.Generator(device=device)
-    generator.manual_seed(cfg.seed)
-    idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)  # (B, T)
-    streams = [TextStream(tokenizer, cfg.stop) for _ in range(cfg.num_samples)]
-    with torch.no_grad():
-        steps = model.generate_stream(
-            idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-            min_p=cfg.min_p, repetition_penalty=cfg.repetition_penalty, generator=generator,
-            use_cache=cfg.use_cache, shift_context=cfg.shift_context,
-            stop_tokens=None if tokenizer.eot_id is None else [tokenizer.eot_id],
-        )
-        try:
-            for tokens in steps:  # (B,) the next token of every sample
-                for stream, token in zip(streams, tokens.tolist()):
-                    stream.push(token)
-                if on_text is not None:
-                    on_text(streams[0].take_new())
-                if all(s.stopped for s in streams):
-                    break  # every sample reached the stop string: no need to go on
-        finally:
-            steps.close()
-    for stream in streams:
-        stream.close()
-    if on_text is not None:
-        on_text(streams[0].take_new())
-    return [s.text for s in streams]
-
-
 def write(piece):
     if piece:
         sys.stdout.write(piece)
@@ -393,13 +150,13 @@ def main(argv=None):
     device = resolve_device(cfg.device)
     prompt = read_prompt(cfg.start)
     torch.manual_seed(cfg.seed)
-    model, tokenizer, summary = load_model(cfg)
+    model, tokenizer, summary = load_model(cfg.init_from, cfg.out_dir, cfg.ckpt, cfg.data_dir, cfg.meta)
     print(summary, file=sys.stderr)
     prompt_ids = encode_prompt(tokenizer, prompt)  # before any heavy work: unknown characters fail here
     model.to(device=device, dtype=inference_dtype(cfg.dtype, device))
 
     if cfg.attention is not None:
-        from attention_plot import draw_attention
+        from gptkit.attention_plot import draw_attention
 
         if not 0 <= cfg.layer < model.config.n_layer:
             last = model.config.n_layer - 1

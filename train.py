@@ -18,7 +18,6 @@ import dataclasses
 import json
 import math
 import random
-import sys
 import textwrap
 import time
 from contextlib import nullcontext
@@ -27,21 +26,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import data
-import distributed
-import faults
-import optim
-import train_log
-from checkpoint import load_checkpoint, save_checkpoint
-from config import parse_settings, setting, settings_dict
-from errors import RunFailed, UserError, run_main
-from mfu import estimate_mfu, measure_matmul_flops, peak_flops_for_device
-from model import GPT, GPTConfig
-from run_state import provenance, rng_state, set_rng_state
+from gptkit import dataset
+from gptkit import faults
+from gptkit.checkpoint import save_checkpoint
+from gptkit.config import parse_settings, setting, settings_dict
+from gptkit.device import DTYPES, resolve_device, training_dtype
+from gptkit.errors import RunFailed, UserError, run_main
+from gptkit.train import distributed
+from gptkit.train import logger
+from gptkit.train import optim
+from gptkit.train.mfu import estimate_mfu, measure_peak
+from gptkit.train.run_state import provenance, rng_state, set_rng_state
+from gptkit.train.setup import Forward, init_model
+from model import GPTConfig
 
 FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
-PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHOICES = {
     "lr_schedule": ("cosine", "constant", "wsd"),
     "optimizer": ("adamw", "muon"),
@@ -118,111 +117,6 @@ class TrainConfig:
             raise ValueError("invalid training settings: " + "; ".join(problems))
 
 
-def resolve_device(cfg, local_rank=None):
-    """The torch device string for this process."""
-    device = cfg.device
-    if device == "auto":
-        if torch.cuda.is_available():
-            device = "cuda"
-        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            device = "mps"
-        else:
-            device = "cpu"
-    kind = device.split(":")[0]
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device={cfg.device!r} but CUDA is not available here: use --device=cpu (or auto)")
-    if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise UserError(f"device={cfg.device!r} but MPS is not available here: use --device=cpu (or auto)")
-    if kind not in ("cpu", "cuda", "mps"):
-        raise UserError(f"device={cfg.device!r}: expected auto, cpu, cuda, cuda:N or mps")
-    if kind == "cuda" and local_rank is not None:
-        device = f"cuda:{local_rank}"  # one process per device under torchrun
-    return device
-
-
-def resolve_dtype(cfg, device_type):
-    if cfg.dtype != "auto":
-        return DTYPES[cfg.dtype]
-    if device_type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
-
-
-def init_model(model_cfg, cfg, meta, out_dir):
-    """(raw model, model config, checkpoint or None) for init_from; checks the vocabulary."""
-    if cfg.init_from == "scratch":
-        model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
-        return GPT(model_cfg), model_cfg, None
-    if cfg.init_from == "resume":
-        ckpt = load_checkpoint(Path(out_dir) / "ckpt.pt")
-        saved = GPTConfig(**ckpt["model_config"])
-        if ckpt.get("tokenizer") != meta["tokenizer"] or saved.vocab_size != meta["vocab_size"]:
-            raise UserError(
-                f"vocabulary mismatch: {out_dir}/ckpt.pt was trained with a {describe_vocab(ckpt.get('tokenizer'), saved.vocab_size)} "
-                f"vocabulary, but dataset {cfg.dataset} has a {describe_vocab(meta['tokenizer'], meta['vocab_size'])} one: "
-                "resume on the checkpoint's dataset (--dataset) or start a new out_dir"
-            )
-        if ckpt.get("data_fingerprint") != meta.get("fingerprint"):
-            print(f"warning: dataset {cfg.dataset} differs from the one {out_dir}/ckpt.pt was trained on (fingerprint changed)")
-        differing = [f.name for f in dataclasses.fields(GPTConfig) if f.name not in ("vocab_size", "dropout") and getattr(saved, f.name) != getattr(model_cfg, f.name)]
-        if differing:
-            print(f"note: resuming keeps the checkpoint's model settings; ignoring {', '.join(differing)}")
-        model_cfg = dataclasses.replace(saved, dropout=model_cfg.dropout)
-        model = GPT(model_cfg)
-        model.load_state_dict(ckpt["model"])
-        return model, model_cfg, ckpt
-    if cfg.init_from in PRETRAINED or Path(cfg.init_from).is_dir():
-        from hf_gpt2 import load_gpt2
-
-        if meta["tokenizer"].get("type") != "gpt2":
-            raise UserError(
-                f"vocabulary mismatch: init_from={cfg.init_from} uses GPT-2's BPE vocabulary, but dataset "
-                f"{cfg.dataset} has a {describe_vocab(meta['tokenizer'], meta['vocab_size'])} one: prepare it with --tokenizer gpt2"
-            )
-        model = load_gpt2(cfg.init_from, dropout=model_cfg.dropout)
-        if model_cfg.block_size < model.config.block_size:
-            model.crop_block_size(model_cfg.block_size)
-        return model, model.config, None
-    raise UserError(
-        f"init_from={cfg.init_from!r} is not scratch, resume, {', '.join(PRETRAINED)} or an existing folder"
-    )
-
-
-def describe_vocab(tokenizer, vocab_size):
-    kind = tokenizer.get("type") if isinstance(tokenizer, dict) else tokenizer
-    return f"{kind} ({vocab_size} tokens)"
-
-
-class Forward:
-    """model(x, y) through torch.compile, falling back to eager (with a warning naming
-    the error) when compilation fails: a broken backend fails at the first forward
-    pass, not at torch.compile() (RELIABILITY.md)."""
-
-    def __init__(self, eager, use_compile):
-        self.eager = eager
-        self.compiled = None
-        if use_compile:
-            try:
-                self.compiled = torch.compile(eager)
-            except Exception as e:
-                self._fall_back(e)
-
-    def _fall_back(self, e):
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"warning: torch.compile failed ({type(e).__name__}: {first[:300]}); continuing without compile", file=sys.stderr)
-        self.compiled = None
-
-    def __call__(self, x, y):
-        if self.compiled is not None:
-            try:
-                return self.compiled(x, y)
-            except torch.OutOfMemoryError:
-                raise  # not a compile failure: eager would run out of memory too
-            except Exception as e:
-                self._fall_back(e)
-        return self.eager(x, y)
-
-
 @torch.no_grad()
 def evaluate(forward, module, batches, eval_sets, autocast, d, device):
     """Mean loss of each split over its eval windows; each rank takes every W-th batch."""
@@ -247,7 +141,7 @@ def main(argv=None):
 
 
 def train(model_cfg, cfg):
-    device_type = resolve_device(cfg).split(":")[0]
+    device_type = resolve_device(cfg.device).type
     d = distributed.init(cfg.backend, device_type)
     try:
         return run(model_cfg, cfg, d)
@@ -256,7 +150,7 @@ def train(model_cfg, cfg):
 
 
 def run(model_cfg, cfg, d):
-    device = resolve_device(cfg, d.local_rank if d.enabled else None)
+    device = str(resolve_device(cfg.device, d.local_rank if d.enabled else None))
     device_type = device.split(":")[0]
     if cfg.gradient_accumulation_steps % d.world_size:
         raise UserError(
@@ -264,7 +158,7 @@ def run(model_cfg, cfg, d):
             f"by the number of ranks, {d.world_size}: use a multiple of {d.world_size}"
         )
     local_accum = cfg.gradient_accumulation_steps // d.world_size
-    ptdtype = resolve_dtype(cfg, device_type)
+    ptdtype = training_dtype(cfg.dtype, device_type)
     use_compile = cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda")
     if device_type == "cuda":  # TF32 for float32 matmuls and convolutions
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -273,15 +167,15 @@ def run(model_cfg, cfg, d):
 
     # Data: prepare a missing named dataset once (rank 0), then check it.
     if d.is_main:
-        data.ensure_dataset(cfg.data_dir, cfg.dataset)
+        dataset.ensure_dataset(cfg.data_dir, cfg.dataset)
     distributed.barrier(d)
-    meta = data.load_meta(cfg.data_dir, cfg.dataset)
+    meta = dataset.load_meta(cfg.data_dir, cfg.dataset)
 
     torch.manual_seed(cfg.seed + d.rank)  # different dropout on each rank
     random.seed(cfg.seed + d.rank)
     np.random.seed(cfg.seed + d.rank)
     raw_model, model_cfg, ckpt = init_model(model_cfg, cfg, meta, out_dir)
-    data.check_block_size(meta, model_cfg.block_size, Path(cfg.data_dir) / cfg.dataset)
+    dataset.check_block_size(meta, model_cfg.block_size, Path(cfg.data_dir) / cfg.dataset)
     raw_model.to(device)
     optimizers = optim.make_optimizers(raw_model, cfg, device_type)
     scaler = optim.make_scaler(ptdtype, device_type)
@@ -332,19 +226,19 @@ def run(model_cfg, cfg, d):
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.json").write_text(json.dumps(settings, indent=2) + "\n")
         if cfg.init_from == "resume":
-            train_log.trim_metrics(out_dir / "metrics.jsonl", iter_num)
-    log = train_log.Logger(cfg, out_dir, d.is_main, cfg.max_iters, iter_num, settings, write_files=write)
+            logger.trim_metrics(out_dir / "metrics.jsonl", iter_num)
+    log = logger.Logger(cfg, out_dir, d.is_main, cfg.max_iters, iter_num, settings, write_files=write)
     prov = provenance(device) if d.is_main else None
     peak_flops = measure_peak(device) if d.is_main else None
 
     B, T, G = cfg.batch_size, model_cfg.block_size, cfg.gradient_accumulation_steps
-    batches = data.Batches(cfg.data_dir, cfg.dataset, meta, T, device)
+    batches = dataset.Batches(cfg.data_dir, cfg.dataset, meta, T, device)
     eval_sets = {
-        split: data.eval_offsets(cfg.seed, split, batches.n_tokens(split), T, B, cfg.eval_iters)
+        split: dataset.eval_offsets(cfg.seed, split, batches.n_tokens(split), T, B, cfg.eval_iters)
         for split in ("train", "val")
     }
     if cfg.eval_iters == 0:  # the val loss is what is compared; a fixed train sample suffices
-        eval_sets["train"] = data.eval_offsets(cfg.seed, "train", batches.n_tokens("train"), T, B, FULL_EVAL_TRAIN_BATCHES)
+        eval_sets["train"] = dataset.eval_offsets(cfg.seed, "train", batches.n_tokens("train"), T, B, FULL_EVAL_TRAIN_BATCHES)
     tokens_per_iter = B * T * G
     last_ckpt = (iter_num, out_dir / "ckpt.pt") if cfg.init_from == "resume" else None
 
@@ -399,11 +293,11 @@ def run(model_cfg, cfg, d):
 
             # One optimizer step over the global batch; this rank's share of it.
             t0 = time.perf_counter()
-            offsets = data.global_batch_offsets(cfg.seed, iter_num, batches.n_tokens("train"), T, B * G)
+            offsets = dataset.global_batch_offsets(cfg.seed, iter_num, batches.n_tokens("train"), T, B * G)
             loss_sum = torch.zeros((), device=device)
             for micro in range(local_accum):
                 chunk = d.rank * local_accum + micro
-                x, y = batches.get("train", data.micro_batch_offsets(offsets, B, chunk))
+                x, y = batches.get("train", dataset.micro_batch_offsets(offsets, B, chunk))
                 if d.enabled:  # average gradients across ranks only after the last micro-step
                     module.require_backward_grad_sync = micro == local_accum - 1
                 with autocast:
@@ -468,21 +362,6 @@ def run(model_cfg, cfg, d):
     if d.is_main and not cfg.eval_only:
         print(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, checkpoints in {out_dir}")
     return 0
-
-
-_PEAKS = {}
-
-
-def measure_peak(device):
-    """Peak FLOP/s that MFU is measured against: the datasheet on CUDA, a short
-    measured matmul rate on a CPU (no datasheet number applies); cached per process."""
-    if device not in _PEAKS:
-        peak = peak_flops_for_device(device)
-        if peak is None and device == "cpu":
-            with torch.random.fork_rng(devices=[]):  # its random matrices must not shift dropout's stream
-                peak = measure_matmul_flops("cpu", seconds=0.3)
-        _PEAKS[device] = peak
-    return _PEAKS[device]
 
 
 if __name__ == "__main__":

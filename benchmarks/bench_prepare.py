@@ -61,7 +61,7 @@ def child_simple(corpus, tokenizer, out):
     with open(corpus, encoding="utf-8") as f:
         text = f.read()
     if tokenizer == "gpt2":
-        from tokenizer import load_gpt2_encoding
+        from gptkit.tokenizer import load_gpt2_encoding
 
         ids = load_gpt2_encoding().encode_ordinary(text)
     else:
@@ -74,13 +74,13 @@ def child_simple(corpus, tokenizer, out):
 
 def child_prepare(corpus, tokenizer, out_dir, workers):
     """prepare.py's way, in this (fresh) process. Prints a JSON line."""
-    import prepare
+    from gptkit.prepare import build
 
     t0 = time.perf_counter()
-    folder = prepare.prepare_dataset([corpus], tokenizer, "bench", out_dir, workers=workers, progress=False)
+    folder = build.prepare_dataset([corpus], tokenizer, "bench", out_dir, workers=workers, progress=False)
     seconds = time.perf_counter() - t0
     meta = json.loads((folder / "meta.json").read_text())
-    n_workers = prepare.default_workers() if workers is None else workers
+    n_workers = build.default_workers() if workers is None else workers
     print(
         json.dumps(
             {

@@ -9,7 +9,7 @@ them), batch 1, 1,000 new tokens. Table 2 (issue 6): what `python sample.py`
 does by default, 10 samples of 500 tokens generated as one batch, from the
 quick-start model (out-shakespeare/best.pt or ckpt.pt when present, else the
 shape of configs/shakespeare.py with random weights; the table says which),
-timed through sample.generate_samples, so decoding and --stop checks count.
+timed through generate.generate_samples, so decoding and --stop checks count.
 
 Each table has three rows, all in one run so the ratios are fair on a noisy
 machine: no cache (the whole cropped context every token, nanoGPT's way); the
@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from errors import UserError
+from gptkit.errors import UserError
 
 BABY_GPT = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, bias=False, dropout=0.0)
 QUICK_START_CONFIG = "configs/shakespeare.py"
@@ -103,18 +103,18 @@ def baby_gpt_table(args, device):
 def quick_start_model(out_dir):
     """(model, tokenizer, where it came from): the trained quick-start checkpoint when
     there is one, else its shape from configs/shakespeare.py with random weights."""
-    import sample
-    from checkpoint import load_checkpoint
-    from config import read_config_file
+    from gptkit import loading
+    from gptkit.checkpoint import load_checkpoint
+    from gptkit.config import read_config_file
     from model import GPT, GPTConfig
-    from tokenizer import CharTokenizer
+    from gptkit.tokenizer import CharTokenizer
 
     try:
-        path = sample.find_checkpoint(out_dir)
+        path = loading.find_checkpoint(out_dir)
     except UserError:
         path = None
     if path is not None:
-        model, tokenizer, summary = sample.model_from_checkpoint(load_checkpoint(path), path)
+        model, tokenizer, summary = loading.model_from_checkpoint(load_checkpoint(path), path)
         return model, tokenizer, summary
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     try:
@@ -130,6 +130,7 @@ def quick_start_model(out_dir):
 def quick_start_table(args, device):
     import sample
     from benchmarks.report import Table
+    from gptkit import generate
 
     num_samples, n = (2, 80) if args.quick else (10, 500)
     torch.manual_seed(args.seed)
@@ -143,7 +144,7 @@ def quick_start_table(args, device):
         )  # sample.py's defaults otherwise: temperature 0.8, top_k 200, fp32 on CPU
         sync(device)
         t0 = time.perf_counter()
-        texts = sample.generate_samples(model, tokenizer, prompt_ids, cfg, device)
+        texts = generate.generate_samples(model, tokenizer, prompt_ids, cfg, device)
         sync(device)
         timings.append(time.perf_counter() - t0)
         assert len(texts) == num_samples
@@ -152,7 +153,7 @@ def quick_start_table(args, device):
         f"sample.py: {num_samples} samples of {n} tokens as one batch, quick-start model (issue 6)",
         ["generation", "new tokens", "seconds", "tokens/s", "vs no cache"],
         note=f"{source}. Shape {config.n_layer}x{config.n_head}x{config.n_embd}, block {config.block_size}; "
-        f"device {device}; through sample.generate_samples (decoding included).",
+        f"device {device}; through generate.generate_samples (decoding included).",
     )
     add_rows(table, timings, num_samples * n)
     return table

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from errors import RunFailed, UserError
+from gptkit.errors import RunFailed, UserError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -229,7 +229,7 @@ def quick_overrides(config_values, factor, evals):
 
 def plan(args):
     """[(label, argv for train.py without seed/out_dir)] in the order each seed runs them."""
-    from config import read_config_file
+    from gptkit.config import read_config_file
 
     baseline_values = {"max_iters": 2000, "lr_decay_iters": 2000}  # BASELINE_ARGS' numbers
     recipe_path = REPO / RECIPE_CONFIG

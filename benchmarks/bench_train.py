@@ -51,7 +51,7 @@ NOT_MEASURED = ("out_dir", "dataset", "data_dir", "eval_interval", "eval_iters",
 
 def quickstart_shape():
     """configs/shakespeare.py's model, batch and optimizer, exactly as it trains."""
-    from config import read_config_file
+    from gptkit.config import read_config_file
 
     cfg = read_config_file(REPO / "configs" / "shakespeare.py")
     shape = {k: v for k, v in cfg.items() if k not in NOT_MEASURED}
@@ -101,7 +101,7 @@ def run(args):
     import torch
 
     from benchmarks.report import Table
-    from mfu import estimate_mfu, measure_matmul_flops, peak_flops_for_device
+    from gptkit.train.mfu import estimate_mfu, measure_matmul_flops, peak_flops_for_device
     from model import GPT, GPTConfig
 
     names = [n.strip() for n in args.model.split(",") if n.strip()]

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from repo import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", SHARED_DATA / "tinyshakespeare" / "input.txt"))
 TIKTOKEN_CACHE = SHARED_DATA / "tiktoken"

@@ -5,10 +5,10 @@ import sys
 import pytest
 import torch
 
-import attention_plot
-from errors import UserError
+from gptkit import attention_plot
+from gptkit.errors import UserError
+from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
-from tokenizer import Tokenizer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CHARS = list(" abcdefghijklmnopqrstuvwxyz.\n")

@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from config import parse_settings, read_config_file, setting, settings_dict
-from errors import UserError
+from gptkit.config import parse_settings, read_config_file, setting, settings_dict
+from gptkit.errors import UserError
 
 
 @dataclass

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from config import parse_settings
+from gptkit.config import parse_settings
 from model import GPTConfig
 from train import TrainConfig
 

@@ -5,10 +5,10 @@ formula, fused AdamW."""
 import pytest
 import torch
 
-import optim
-import train
-from checkpoint import load_checkpoint
+from gptkit.checkpoint import load_checkpoint
+from gptkit.train import optim
 from model import GPT, GPTConfig
+import train
 from train_helpers import read_metrics, tiny_args, write_char_dataset
 
 pytestmark = pytest.mark.gpu

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gptkit.errors import UserError, run_main
 import lab
-from errors import UserError, run_main
+from repo import REPO
 
-REPO = lab.__file__.rsplit("/", 1)[0]
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +231,8 @@ def test_chapter_map_names_functions_that_exist():
     checked = 0
     for row in rows:
         where = row.split("|")[2]
-        for module_name, names in re.findall(r"`(\w+)\.py`: ((?:`[\w.]+`(?:, )?)+)", where):
+        for path, names in re.findall(r"`([\w/]+)\.py`: ((?:`[\w.]+`(?:, )?)+)", where):
+            module_name = path.replace("/", ".")  # gptkit/train/muon.py -> gptkit.train.muon
             module = importlib.import_module(module_name)
             for dotted in re.findall(r"`([\w.]+)`", names):
                 obj = module

@@ -1,14 +1,13 @@
 """params.py: exact parameter counts from shapes alone, for any config file."""
 
-from pathlib import Path
 
 import pytest
 
-import params
-from errors import UserError
+from gptkit.errors import UserError
 from model import GPTConfig
+import params
+from repo import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 GPT2_SMALL = dict(block_size=1024, vocab_size=50257, n_layer=12, n_head=12, n_embd=768)
 
 
@@ -63,7 +62,7 @@ def test_bad_settings_are_user_errors(tmp_path):
 
 def test_llama_config_loads_as_gpt_config():
     # The shipped config holds model settings only, so any script taking GPTConfig accepts it.
-    from config import read_config_file
+    from gptkit.config import read_config_file
 
     values = read_config_file(REPO / "configs" / "llama2_7b.py")
     config = GPTConfig(**values)

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
+from gptkit.errors import UserError, run_main
 import plot
-from errors import UserError, run_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

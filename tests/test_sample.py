@@ -11,13 +11,14 @@ import pytest
 from malicious import RunsCode
 import torch
 
-import sample
-from checkpoint import save_checkpoint
-from errors import UserError, run_main
+from gptkit import generate
+from gptkit.checkpoint import save_checkpoint
+from gptkit.errors import UserError, run_main
+from gptkit.tokenizer import CharTokenizer, tokenizer_from_dict
 from model import GPT, GPTConfig
-from tokenizer import CharTokenizer, tokenizer_from_dict
+from repo import REPO
+import sample
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # No '-' in the vocabulary, so the separator line can only be the separator.
 CHARS = sorted(set("\n !,.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
 BLOCK = 16
@@ -188,7 +189,7 @@ def test_stop_escape_newline(tmp_path, capsys):
 
 def test_text_stream_holds_back_a_possible_stop_string():
     tok = CharTokenizer(CHARS)
-    stream = sample.TextStream(tok, stop="ab")
+    stream = generate.TextStream(tok, stop="ab")
     shown = ""
     for ch in "xya":
         stream.push(tok.encode(ch)[0])
@@ -208,7 +209,7 @@ def test_text_stream_holds_back_a_possible_stop_string():
 
 def test_end_of_text_ends_a_bpe_sample(tiktoken_available):
     tok = tokenizer_from_dict({"type": "gpt2"})
-    stream = sample.TextStream(tok)
+    stream = generate.TextStream(tok)
     for i in tok.encode("Hello") + [tok.eot_id] + tok.encode(" world") + [tok.eot_id]:
         stream.push(i)
     stream.close()
@@ -220,7 +221,7 @@ def test_text_stream_never_splits_a_utf8_character(tiktoken_available):
     text = "héllo 世界, naïve café 🙂!"
     ids = tok.encode(text)
     assert any("\ufffd" in tok.decode([i]) for i in ids)  # some character spans two tokens
-    stream = sample.TextStream(tok)
+    stream = generate.TextStream(tok)
     pieces = []
     for i in ids:
         stream.push(i)
@@ -236,7 +237,7 @@ def test_sample_one_streams_as_it_is_generated(tiny):
     tok = CharTokenizer(CHARS)
     cfg = sample.SampleConfig(num_samples=3, max_new_tokens=30, temperature=1.0)
     pieces = []
-    texts = sample.generate_samples(model, tok, tok.encode("AB"), cfg, torch.device("cpu"), on_text=pieces.append)
+    texts = generate.generate_samples(model, tok, tok.encode("AB"), cfg, torch.device("cpu"), on_text=pieces.append)
     assert len(texts) == 3 and all(len(t) == 30 for t in texts)
     assert "".join(pieces) == texts[0]
     assert sum(1 for p in pieces if p) == 30  # one character per step, not all at the end
@@ -344,7 +345,7 @@ def test_attention_draws_and_does_not_sample(tiny, tmp_path, monkeypatch, capsys
         calls.append((model.config.n_layer, tokenizer.decode(tokenizer.encode(text)), layer, path))
         return path
 
-    monkeypatch.setitem(sys.modules, "attention_plot", types.SimpleNamespace(draw_attention=draw_attention))
+    monkeypatch.setitem(sys.modules, "gptkit.attention_plot", types.SimpleNamespace(draw_attention=draw_attention))
     got, err = run_sample(capsys, "--out_dir", str(out), "--start", "ROMEO:", "--attention", "a.png", "--layer", "1")
     assert calls == [(2, "ROMEO:", 1, "a.png")]
     assert got == "" and "wrote a.png" in err

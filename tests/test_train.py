@@ -13,9 +13,10 @@ import time
 import pytest
 import torch
 
+from gptkit.checkpoint import load_checkpoint
+from gptkit.errors import UserError, run_main
+from gptkit.train import setup
 import train
-from checkpoint import load_checkpoint
-from errors import UserError, run_main
 from train_helpers import (
     REPO,
     losses_by_iter,
@@ -207,7 +208,7 @@ def test_unknown_setting_is_rejected_before_data_is_read(tmp_path):
 def test_compile_setting_takes_booleans_and_words(tmp_path):
     config = tmp_path / "c.py"
     config.write_text("compile = False\n")
-    from config import parse_settings
+    from gptkit.config import parse_settings
 
     _, cfg = parse_settings([str(config)], [train.GPTConfig, train.TrainConfig])
     assert cfg.compile == "false"
@@ -270,8 +271,8 @@ def test_best_pt_holds_the_best_weights(data_dir, tmp_path):
 
 
 def test_gradient_accumulation_must_divide_across_ranks(tmp_path):
-    from config import parse_settings
-    from distributed import Dist
+    from gptkit.config import parse_settings
+    from gptkit.train.distributed import Dist
 
     model_cfg, cfg = parse_settings(tiny_args(tmp_path, tmp_path / "out", gradient_accumulation_steps=5), [train.GPTConfig, train.TrainConfig])
     with pytest.raises(UserError, match="gradient_accumulation_steps=5 .* divisible by the number of ranks, 2"):
@@ -285,7 +286,7 @@ def test_compile_failure_falls_back_to_eager(monkeypatch, capsys):
         return call
 
     monkeypatch.setattr(torch, "compile", broken_compile)
-    forward = train.Forward(lambda x, y: (x, y), use_compile=True)
+    forward = setup.Forward(lambda x, y: (x, y), use_compile=True)
     assert forward(1, 2) == (1, 2)
     assert "torch.compile failed (RuntimeError: BackendCompilerFailed: no C compiler)" in capsys.readouterr().err
     assert forward.compiled is None
@@ -368,7 +369,7 @@ def write_gpt2_ids_dataset(data_dir, name="bpe", n=20_000):
 
 
 def test_init_from_a_local_hugging_face_folder_crops_block_size(data_dir, tmp_path):
-    from hf_gpt2 import export_gpt2
+    from gptkit.interop.hf_gpt2 import export_gpt2
     from model import GPT, GPTConfig
 
     torch.manual_seed(0)

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from repo import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 
 

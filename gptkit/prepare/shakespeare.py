@@ -13,7 +13,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from errors import UserError
+from gptkit.errors import UserError
 
 TMP_MARK = ".tmp-"  # temporary files are ".<final name>.tmp-<pid>-<random>"
 

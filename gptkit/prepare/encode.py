@@ -38,7 +38,7 @@ def init_worker(kind, chars=None, dtype="uint16", eot_id=None):
     _worker.clear()
     _worker.update(kind=kind, dtype=np.dtype(dtype), eot_id=eot_id)
     if kind == "gpt2":
-        from tokenizer import load_gpt2_encoding
+        from gptkit.tokenizer import load_gpt2_encoding
 
         _worker["encoding"] = load_gpt2_encoding()
     elif kind == "char":

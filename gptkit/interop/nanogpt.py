@@ -26,7 +26,7 @@ import math
 import pickle
 from pathlib import Path
 
-from errors import UserError
+from gptkit.errors import UserError
 
 GPT2_VOCAB = 50257  # GPT-2's BPE vocabulary
 GPT2_PADDED_VOCAB = 50304  # 50257 rounded up to a multiple of 64, as nanoGPT's train_gpt2 pads it

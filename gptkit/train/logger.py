@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from errors import UserError
+from gptkit.errors import UserError
 
 
 def format_train_line(rec):

@@ -9,9 +9,10 @@ from malicious import RunsCode
 import torch
 import torch.nn.functional as F
 
-import nanogpt_compat
+from gptkit import loading
+from gptkit.errors import UserError
+from gptkit.interop import nanogpt as nanogpt_compat
 import sample
-from errors import UserError
 
 CHARS = sorted(set("\n !',-.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
 ARGS = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, dropout=0.0)
@@ -114,7 +115,7 @@ def test_nanogpt_checkpoint_gives_nanogpt_logits(tmp_path, bias):
     sd = nanogpt_weights(**args)
     write_meta(tmp_path / "data" / "tiny_char" / "meta.pkl", CHARS)
     ckpt = nanogpt_checkpoint(sd, args)
-    model, tok, summary = sample.model_from_checkpoint(ckpt, "ckpt.pt", data_dir=tmp_path / "data")
+    model, tok, summary = loading.model_from_checkpoint(ckpt, "ckpt.pt", data_dir=tmp_path / "data")
     assert tok.to_dict() == {"type": "char", "chars": CHARS}
     assert "nanoGPT checkpoint" in summary and "iteration 250" in summary and "val loss 1.2345" in summary
     idx = torch.randint(0, len(CHARS), (2, args["block_size"]), generator=torch.Generator().manual_seed(1))
@@ -144,7 +145,7 @@ def test_nanogpt_checkpoint_samples_from_out_dir(tmp_path, capsys):
     captured = capsys.readouterr()
     assert f"loaded {out / 'ckpt.pt'} (nanoGPT checkpoint, vocabulary from {tmp_path / 'data' / 'tiny_char' / 'meta.pkl'}" in captured.err
     # greedy by hand with the loaded model, recomputing the cropped context each token
-    model, tok, _ = sample.model_from_checkpoint(torch.load(out / "ckpt.pt", weights_only=True), "x", tmp_path / "data")
+    model, tok, _ = loading.model_from_checkpoint(torch.load(out / "ckpt.pt", weights_only=True), "x", tmp_path / "data")
     ids = tok.encode("ROMEO:")
     with torch.no_grad():
         for _ in range(40):
@@ -157,16 +158,16 @@ def test_meta_path_given_or_missing(tmp_path):
     args = dict(ARGS, vocab_size=len(CHARS), bias=False)
     ckpt = nanogpt_checkpoint(nanogpt_weights(**args), args, dataset="elsewhere")
     with pytest.raises(UserError, match=rf"{len(CHARS)}-token vocabulary but its meta.pkl was not found .*elsewhere.*--meta"):
-        sample.model_from_checkpoint(ckpt, "ckpt.pt", data_dir=tmp_path)
+        loading.model_from_checkpoint(ckpt, "ckpt.pt", data_dir=tmp_path)
     meta = write_meta(tmp_path / "my_meta.pkl", CHARS)
-    _, tok, summary = sample.model_from_checkpoint(ckpt, "ckpt.pt", data_dir=tmp_path, meta=meta)
+    _, tok, summary = loading.model_from_checkpoint(ckpt, "ckpt.pt", data_dir=tmp_path, meta=meta)
     assert tok.decode(tok.encode("Hello, world!")) == "Hello, world!" and str(meta) in summary
     small = write_meta(tmp_path / "small.pkl", CHARS[:10])
-    _, tok, _ = sample.model_from_checkpoint(ckpt, "ckpt.pt", meta=small)  # fewer tokens than rows: padding
+    _, tok, _ = loading.model_from_checkpoint(ckpt, "ckpt.pt", meta=small)  # fewer tokens than rows: padding
     assert tok.vocab_size == 10
     big = write_meta(tmp_path / "big.pkl", CHARS + ["\u00e9", "\u00e8"])
     with pytest.raises(UserError, match=f"{len(CHARS) + 2} tokens but the nanoGPT model only {len(CHARS)}"):
-        sample.model_from_checkpoint(ckpt, "ckpt.pt", meta=big)
+        loading.model_from_checkpoint(ckpt, "ckpt.pt", meta=big)
 
 
 
@@ -204,7 +205,7 @@ def test_gpt2_vocab_without_meta_uses_bpe_and_never_samples_padding(tiktoken_ava
     sd = nanogpt_weights(**args, seed=5)
     sd["transformer.wte.weight"][50257:] *= 100  # padding rows that would win every argmax if used
     ckpt = nanogpt_checkpoint(sd, args, dataset="openwebtext", mask_buffers=False)
-    model, tok, summary = sample.model_from_checkpoint(ckpt, "ckpt.pt", data_dir="/nonexistent")
+    model, tok, summary = loading.model_from_checkpoint(ckpt, "ckpt.pt", data_dir="/nonexistent")
     assert tok.to_dict() == {"type": "gpt2"} and "GPT-2 BPE" in summary
     assert (model.config.vocab_size, model.config.padded_vocab_size) == (50257, 50304)
     idx = torch.tensor([tok.encode("Hello")])

@@ -7,7 +7,7 @@ checkpoint, so sampling never has to guess:
     {"type": "gpt2"}                                  GPT-2 BPE through tiktoken
 """
 
-from errors import UserError
+from gptkit.errors import UserError
 
 GPT2_EOT_ID = 50256  # "<|endoftext|>" in GPT-2's vocabulary
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from errors import UserError
+from gptkit.errors import UserError
 
 MAX_TOKENS = 48  # past ~50 labels per axis the tick labels overlap and the cells vanish
 

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from errors import UserError
+from gptkit.errors import UserError
 
 BLOCK_BYTES = 1 << 20  # read size: large enough that per-block overhead is noise
 

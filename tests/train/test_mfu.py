@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mfu import GPU_PEAK_FLOPS, estimate_mfu, flops_per_token, measure_matmul_flops, peak_flops_for_device
+from gptkit.train.mfu import GPU_PEAK_FLOPS, estimate_mfu, flops_per_token, measure_matmul_flops, peak_flops_for_device
 from model import GPTConfig
 
 

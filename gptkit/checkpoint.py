@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-import faults
-from errors import RunFailed, UserError
+from gptkit import faults
+from gptkit.errors import RunFailed, UserError
 
 FORMAT_VERSION = 1
 TEMP_MARK = ".tmp-"  # temporary files look like `.ckpt.pt.tmp-1234` and are never loaded

@@ -16,7 +16,7 @@ import signal
 import torch
 import torch.distributed as dist
 
-from errors import UserError
+from gptkit.errors import UserError
 
 
 @dataclasses.dataclass

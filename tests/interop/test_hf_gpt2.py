@@ -1,4 +1,4 @@
-"""hf_gpt2.py against an independent implementation: Hugging Face transformers' GPT-2.
+"""gptkit/interop/hf_gpt2.py against an independent implementation: Hugging Face transformers' GPT-2.
 
 A small randomly initialised GPT2LMHeadModel is saved in tmp_path: nothing is downloaded.
 """
@@ -9,8 +9,8 @@ import urllib.error
 import pytest
 import torch
 
-import hf_gpt2
-from errors import UserError
+from gptkit.errors import UserError
+from gptkit.interop import hf_gpt2
 from model import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")  # a test-only dependency

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from errors import UserError
+from gptkit.errors import UserError
 
 FORMAT_VERSION = 1
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
@@ -48,10 +48,10 @@ def ensure_dataset(data_dir, name):
     folder = dataset_dir(data_dir, name)
     if (folder / "meta.json").is_file() or name not in AUTO_PREPARED:
         return False
-    import prepare  # only needed in this rare case; keeps start-up light
+    from gptkit.prepare import build  # only needed in this rare case; keeps start-up light
 
     print(f"dataset {folder} is missing: preparing it now (python prepare.py {name})")
-    prepare.prepare_named_dataset(name, out_dir=str(data_dir))
+    build.prepare_named_dataset(name, out_dir=str(data_dir))
     return True
 
 

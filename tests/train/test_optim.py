@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-import optim
+from gptkit.train import optim
 from model import GPT, GPTConfig
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from errors import UserError
-from prepare_encode import MAX_CODE_POINT, batched_text, charset_task, ordered_map
-from prepare_sources import iter_documents
+from gptkit.errors import UserError
+from gptkit.prepare.encode import MAX_CODE_POINT, batched_text, charset_task, ordered_map
+from gptkit.prepare.sources import iter_documents
 
 
 @dataclass

@@ -85,3 +85,18 @@ def measure_matmul_flops(device="cpu", n=1024, dtype=torch.float32, seconds=1.0)
         dt = time.perf_counter() - t0
         best = max(best, 4 * 2 * n**3 / dt)
     return best
+
+
+_PEAKS = {}
+
+
+def measure_peak(device):
+    """Peak FLOP/s that MFU is measured against: the datasheet on CUDA, a short
+    measured matmul rate on a CPU (no datasheet number applies); cached per process."""
+    if device not in _PEAKS:
+        peak = peak_flops_for_device(device)
+        if peak is None and device == "cpu":
+            with torch.random.fork_rng(devices=[]):  # its random matrices must not shift dropout's stream
+                peak = measure_matmul_flops("cpu", seconds=0.3)
+        _PEAKS[device] = peak
+    return _PEAKS[device]

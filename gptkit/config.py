@@ -21,7 +21,7 @@ import sys
 import types
 import typing
 
-from errors import UserError
+from gptkit.errors import UserError
 
 
 def setting(default, help):

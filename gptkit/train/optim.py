@@ -67,7 +67,7 @@ def make_optimizers(model, cfg, device_type):
         adamw_named = list(model.named_parameters())
         muon_named = []
     else:
-        from muon import Muon, split_params_for_muon
+        from gptkit.train.muon import Muon, split_params_for_muon
 
         muon_named, adamw_named = split_params_for_muon(model)
     adamw = torch.optim.AdamW(

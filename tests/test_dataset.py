@@ -1,4 +1,4 @@
-"""data.py: dataset checks, the batch sampler as a pure function, window reads."""
+"""gptkit/dataset.py: dataset checks, the batch sampler as a pure function, window reads."""
 
 import json
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-import data
-from errors import UserError
+from gptkit import dataset as data
+from gptkit.errors import UserError
 from train_helpers import write_char_dataset
 
 

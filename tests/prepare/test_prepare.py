@@ -13,14 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gptkit.errors import UserError
+from gptkit.prepare import build
+from gptkit.prepare import shakespeare as prepare_shakespeare
+from gptkit.prepare import sources as prepare_sources
+from gptkit.prepare.encode import build_tasks, gpt2_cut
+from gptkit.tokenizer import tokenizer_from_dict
 import prepare
-import prepare_shakespeare
-import prepare_sources
-from errors import UserError
-from prepare_encode import build_tasks, gpt2_cut
-from tokenizer import tokenizer_from_dict
+from repo import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def load(folder):
@@ -49,7 +50,7 @@ def run_cli(*args, env_extra=None):
 
 
 def test_shakespeare_char_matches_nanogpt(shakespeare_path, tmp_path):
-    folder = prepare.prepare_named_dataset("shakespeare_char", tmp_path, shakespeare_path, progress=False)
+    folder = build.prepare_named_dataset("shakespeare_char", tmp_path, shakespeare_path, progress=False)
     assert folder == tmp_path / "shakespeare_char"
     meta, train, val = load(folder)
     assert meta["num_tokens"] == {"train": 1003854, "val": 111540}
@@ -66,7 +67,7 @@ def test_shakespeare_char_matches_nanogpt(shakespeare_path, tmp_path):
 def test_shakespeare_gpt2_matches_nanogpt_in_parallel_chunks(shakespeare_path, tiktoken_available, tmp_path):
     # Small chunks and two workers: ~40 cuts, so the counts only come out exact if every
     # cut is safe for BPE (nanoGPT encodes each split whole: 301,966 / 36,059).
-    folder = prepare.prepare_dataset(
+    folder = build.prepare_dataset(
         [shakespeare_path], "gpt2", "sp", tmp_path, workers=2, progress=False, chunk_chars=1 << 15
     )
     meta, train, val = load(folder)
@@ -118,7 +119,7 @@ def test_folder_input_splits_whole_documents(kind, tmp_path, request):
     if kind == "gpt2":
         request.getfixturevalue("tiktoken_available")
     paths = write_docs(tmp_path / "docs", DOCS)
-    folder = prepare.prepare_dataset([tmp_path / "docs"], kind, "mine", tmp_path / "out", progress=False)
+    folder = build.prepare_dataset([tmp_path / "docs"], kind, "mine", tmp_path / "out", progress=False)
     meta, train, val = load(folder)
     texts = [p.read_text() for p in paths]  # sorted order: doc00, doc02, ..., sub/doc01, ...
     assert [s["path"] for s in meta["sources"]] == [str(p) for p in paths]
@@ -140,7 +141,7 @@ def test_jsonl_input_and_evenly_spaced_val_documents(tmp_path):
     lines.insert(3, "   ")  # blank lines are skipped
     path = tmp_path / "web.jsonl"
     path.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
-    folder = prepare.prepare_dataset([path], "char", "web", tmp_path, val_fraction=0.3, progress=False)
+    folder = build.prepare_dataset([path], "char", "web", tmp_path, val_fraction=0.3, progress=False)
     meta, _, _ = load(folder)
     train_text, val_text = decode_both(folder)
     # V = 3 of N = 10: i is val when (i + 1) * 3 // 10 > i * 3 // 10, i.e. i = 3, 6, 9
@@ -156,7 +157,7 @@ def test_uint32_bins_for_more_than_65536_characters(tmp_path):
     text = "".join(map(chr, code_points)) * 2
     path = tmp_path / "wide.txt"
     path.write_text(text, encoding="utf-8")
-    folder = prepare.prepare_dataset([path], "char", "wide", tmp_path, progress=False)
+    folder = build.prepare_dataset([path], "char", "wide", tmp_path, progress=False)
     meta, train, val = load(folder)
     assert meta["dtype"] == "uint32" and meta["vocab_size"] == 70_500
     assert int(train.max()) >= 65536
@@ -169,18 +170,18 @@ def test_multibyte_characters_across_read_blocks(tmp_path, monkeypatch):
     path = tmp_path / "u.txt"
     path.write_text(text, encoding="utf-8")
     # Two workers: the char vocabulary and the encoding both go through the pool here.
-    folder = prepare.prepare_dataset([path], "char", "u", tmp_path, workers=2, progress=False, chunk_chars=16)
+    folder = build.prepare_dataset([path], "char", "u", tmp_path, workers=2, progress=False, chunk_chars=16)
     assert "".join(decode_both(folder)) == text
 
 
 def test_rerun_replaces_dataset_and_cleans_stale_temp_files(tmp_path):
     path = tmp_path / "a.txt"
     path.write_text("first version of the text\n" * 20)
-    folder = prepare.prepare_dataset([path], "char", "d", tmp_path, progress=False)
+    folder = build.prepare_dataset([path], "char", "d", tmp_path, progress=False)
     stale = folder / ".train.bin.tmp-999999999-dead"  # left by a killed run: no such process
     stale.write_bytes(b"junk")
     path.write_text("the second, longer version of the text\n" * 30)
-    prepare.prepare_dataset([path], "char", "d", tmp_path, progress=False)
+    build.prepare_dataset([path], "char", "d", tmp_path, progress=False)
     assert "".join(decode_both(folder)) == path.read_text()
     assert sorted(os.listdir(folder)) == ["meta.json", "train.bin", "val.bin"]
 
@@ -273,7 +274,7 @@ def test_unknown_tokenizer_and_dataset(tmp_path):
     assert_fails(tmp_path, [], "nothing to prepare")
     assert_fails(tmp_path, ["--input", str(tmp_path / "a.txt"), "--tokenizer", "char"], "needs --name")
     with pytest.raises(UserError, match="unknown dataset"):
-        prepare.prepare_named_dataset("openwebtext", tmp_path)
+        build.prepare_named_dataset("openwebtext", tmp_path)
 
 
 def test_failed_download_and_checksum_mismatch(tmp_path, monkeypatch):
@@ -358,12 +359,12 @@ def test_tinyshakespeare_environment_variable(shakespeare_path, tmp_path):
 def test_kill_midway_leaves_previous_dataset(tmp_path):
     old = tmp_path / "old.txt"
     old.write_text("the previous dataset\n" * 50)
-    folder = prepare.prepare_dataset([old], "char", "d", tmp_path, progress=False)
+    folder = build.prepare_dataset([old], "char", "d", tmp_path, progress=False)
     before = {name: (folder / name).read_bytes() for name in ("meta.json", "train.bin", "val.bin")}
     new = tmp_path / "new.txt"
     new.write_text("a new and different text\n" * 4000)
     code = (
-        "import prepare; prepare.prepare_dataset([%r], 'char', 'd', %r, workers=1, progress=False, chunk_chars=4096)"
+        "from gptkit.prepare import build; build.prepare_dataset([%r], 'char', 'd', %r, workers=1, progress=False, chunk_chars=4096)"
         % (str(new), str(tmp_path))
     )
     env = dict(os.environ, GPT_FAULTS="exit_during_prepare", PYTHONPATH=str(REPO))
@@ -378,7 +379,7 @@ def test_kill_midway_leaves_previous_dataset(tmp_path):
 def test_failure_between_renames_leaves_no_valid_looking_dataset(tmp_path, monkeypatch):
     path = tmp_path / "a.txt"
     path.write_text("some text to prepare\n" * 50)
-    folder = prepare.prepare_dataset([path], "char", "d", tmp_path, progress=False)
+    folder = build.prepare_dataset([path], "char", "d", tmp_path, progress=False)
     real_replace = os.replace
 
     def replace(src, dst):
@@ -386,18 +387,19 @@ def test_failure_between_renames_leaves_no_valid_looking_dataset(tmp_path, monke
             raise KeyboardInterrupt  # Ctrl-C after train.bin was swapped in
         return real_replace(src, dst)
 
-    monkeypatch.setattr(prepare.os, "replace", replace)
+    monkeypatch.setattr(build.os, "replace", replace)
     path.write_text("a different text\n" * 70)
     with pytest.raises(KeyboardInterrupt):
-        prepare.prepare_dataset([path], "char", "d", tmp_path, progress=False)
+        build.prepare_dataset([path], "char", "d", tmp_path, progress=False)
     assert not (folder / "meta.json").exists()  # incomplete, and visibly so
     assert not [p for p in folder.iterdir() if ".tmp-" in p.name]
 
 
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent (pytest).
 PEAK_RSS = """
-import sys, prepare
-prepare.prepare_dataset([sys.argv[1]], sys.argv[2], "m", sys.argv[3], workers=1, progress=False)
+import sys
+from gptkit.prepare import build
+build.prepare_dataset([sys.argv[1]], sys.argv[2], "m", sys.argv[3], workers=1, progress=False)
 print([line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")][0])  # KiB
 """
 

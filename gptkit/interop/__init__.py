@@ -1,0 +1,1 @@
+"""Other projects' formats: Hugging Face GPT-2 weights, nanoGPT checkpoints."""

@@ -1,0 +1,133 @@
+"""Find a checkpoint and build the GPT it holds: ours, nanoGPT's, or OpenAI's GPT-2.
+
+Checkpoints load with weights_only=True (gptkit.checkpoint): a file holding
+pickled code is refused before anything in it runs.
+"""
+
+from pathlib import Path
+
+import torch
+
+from gptkit.checkpoint import FORMAT_VERSION, load_checkpoint
+from gptkit.errors import UserError
+from gptkit.interop.nanogpt import (
+    is_nanogpt_checkpoint,
+    nanogpt_model_config,
+    nanogpt_state_dict,
+    nanogpt_tokenizer_dict,
+    strip_wrapper_prefixes,
+)
+from gptkit.tokenizer import tokenizer_from_dict
+
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+CHECKPOINT_NAMES = ("best.pt", "ckpt.pt")  # best.pt first: the weights with the lowest val loss
+
+
+def find_checkpoint(out_dir, ckpt=None):
+    """The file to load: `ckpt` when given, else best.pt or ckpt.pt in `out_dir`."""
+    if ckpt:
+        return Path(ckpt)
+    folder = Path(out_dir)
+    for name in CHECKPOINT_NAMES:
+        if (folder / name).is_file():
+            return folder / name
+    how = "train one first with python train.py configs/shakespeare.py, or pass --out_dir DIR or --ckpt FILE"
+    if not folder.is_dir():
+        raise UserError(f"no checkpoint: the folder {folder} does not exist; {how}")
+    raise UserError(f"no checkpoint in {folder} (looked for {' and '.join(CHECKPOINT_NAMES)}); {how}")
+
+
+def load_weights(model, state_dict, source):
+    """Copy weights into `model`, explaining any mismatch instead of a traceback.
+    Buffers the file lacks (e.g. a mask the model builds itself) keep the model's values."""
+    target = model.state_dict()
+    buffers = {name for name, _ in model.named_buffers()}
+    missing = [k for k in target if k not in state_dict and k not in buffers]
+    unexpected = [k for k in state_dict if k not in target]
+    wrong_shape = [
+        f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}"
+        for k, v in state_dict.items()
+        if k in target and (not torch.is_tensor(v) or v.shape != target[k].shape)
+    ]
+    if missing or unexpected or wrong_shape:
+        parts = [
+            f"{label} {', '.join(items[:4])}{' ...' if len(items) > 4 else ''}"
+            for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong_shape))
+            if items
+        ]
+        raise UserError(f"the weights in {source} do not fit the model its config describes: {'; '.join(parts)}")
+    model.load_state_dict(state_dict, strict=False)
+
+
+def model_from_checkpoint(ckpt, source, data_dir="data", meta=None):
+    """(GPT in eval mode, tokenizer, one-line summary) from a loaded checkpoint dict:
+    ours (format_version, model_config, tokenizer) or nanoGPT's (model_args)."""
+    from model import GPT, GPTConfig  # imported here so `sample.py --help` stays quick
+
+    if not isinstance(ckpt, dict):
+        raise UserError(f"{source} is not a checkpoint: it holds a {type(ckpt).__name__}, not a dict")
+    if is_nanogpt_checkpoint(ckpt):
+        tokenizer_dict, tokenizer_source = nanogpt_tokenizer_dict(ckpt, data_dir, meta)
+        tokenizer = tokenizer_from_dict(tokenizer_dict)
+        model_kwargs = nanogpt_model_config(ckpt, tokenizer.vocab_size)
+        state = nanogpt_state_dict(ckpt)
+        described = f"nanoGPT checkpoint, vocabulary from {tokenizer_source}"
+        val_loss = ckpt.get("best_val_loss")
+    elif all(k in ckpt for k in ("model", "model_config", "tokenizer")):
+        version = ckpt.get("format_version", FORMAT_VERSION)
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise UserError(
+                f"{source} has format_version {version!r}; this sample.py reads up to {FORMAT_VERSION}: update the code"
+            )
+        tokenizer = tokenizer_from_dict(ckpt["tokenizer"])
+        model_kwargs = dict(ckpt["model_config"])
+        state = strip_wrapper_prefixes(ckpt["model"])
+        described = f"{ckpt['tokenizer'].get('type')} tokenizer"
+        val_loss = ckpt.get("val_loss", ckpt.get("best_val_loss"))
+    else:
+        keys = ", ".join(sorted(map(str, ckpt))[:8]) or "none"
+        raise UserError(f"{source} is not a checkpoint of this project or of nanoGPT (its keys: {keys})")
+
+    model_kwargs["dropout"] = 0.0  # sampling never drops out
+    try:
+        config = GPTConfig(**model_kwargs)
+    except TypeError as e:  # a field this model.py does not know
+        raise UserError(
+            f"{source}: its model_config does not fit this model.py ({e}); was it written by a newer version?"
+        )
+    except ValueError as e:
+        raise UserError(f"{source}: {e}")
+    if tokenizer.vocab_size > config.vocab_size:
+        raise UserError(
+            f"{source}: its tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
+        )
+    model = GPT(config)
+    load_weights(model, state, source)
+    model.eval()
+
+    details = [described]
+    if isinstance(ckpt.get("iter_num"), int):
+        details.append(f"iteration {ckpt['iter_num']}")
+    if val_loss is not None:
+        details.append(f"val loss {float(val_loss):.4f}")
+    return model, tokenizer, f"loaded {source} ({', '.join(details)})"
+
+
+def load_model(init_from="resume", out_dir="out-shakespeare", ckpt=None, data_dir="data", meta=None):
+    """(GPT on the CPU in eval mode, tokenizer, summary): OpenAI's GPT-2 (init_from a
+    name or a Hugging Face folder), or the checkpoint `ckpt`, else best.pt or ckpt.pt in
+    out_dir. data_dir and meta locate a nanoGPT checkpoint's vocabulary."""
+    if init_from != "resume":
+        if init_from not in GPT2_NAMES and not Path(init_from).is_dir():
+            raise UserError(
+                f"init_from={init_from!r} must be resume, one of {', '.join(GPT2_NAMES)}, "
+                "or a folder in Hugging Face format (config.json and model.safetensors)"
+            )
+        from gptkit.interop.hf_gpt2 import load_gpt2
+
+        model = load_gpt2(init_from)
+        model.eval()
+        return model, tokenizer_from_dict({"type": "gpt2"}), f"loaded pretrained {init_from} (GPT-2 BPE)"
+    path = find_checkpoint(out_dir, ckpt)
+    checkpoint = load_checkpoint(path, map_location="cpu")  # UserError for a missing, damaged or unsafe file
+    return model_from_checkpoint(checkpoint, path, data_dir, meta)

@@ -1,0 +1,256 @@
+"""Build a dataset folder: data/NAME/{train.bin, val.bin, meta.json}.
+
+The bins are raw little-endian token ids (uint16, or uint32 for vocabularies
+over 65,536 ids), readable with `np.memmap(path, dtype=meta["dtype"])`.
+meta.json holds the tokenizer, the token counts, each source's sha256 and the
+split rule; it is renamed into place last, so a dataset folder without it is
+incomplete and an interrupted run never leaves a dataset that looks valid.
+
+The input streams through twice in bounded memory: a first pass validates it
+and counts characters (and collects the character vocabulary), the second
+tokenizes it on all cores and appends to the bins. `prepare.py` is the command.
+"""
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gptkit import faults
+from gptkit.errors import UserError
+from gptkit.prepare.encode import CHUNK_CHARS, any_cut, build_tasks, dtype_for, encode_task, gpt2_cut, make_pool, ordered_map
+from gptkit.prepare.shakespeare import TMP_MARK, shakespeare_input
+from gptkit.prepare.sources import iter_documents, resolve_inputs
+from gptkit.prepare.split import plan_split, scan_inputs
+from gptkit.tokenizer import GPT2_EOT_ID
+
+FORMAT_VERSION = 1
+TOKENIZERS = ("char", "gpt2")
+GPT2_VOCAB_SIZE = 50257
+
+NAMED_DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2"}
+
+
+# ---------------------------------------------------------------- writing
+
+
+def fsync_dir(folder):
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temps(folder):
+    """Delete temporary files left by killed runs (their process is gone)."""
+    for path in folder.glob("." + "*" + TMP_MARK + "*"):
+        match = re.search(re.escape(TMP_MARK) + r"(\d+)-", path.name)
+        pid = int(match.group(1)) if match else None
+        if pid is not None and pid != os.getpid() and pid_alive(pid):
+            continue  # another prepare.py is writing here right now
+        path.unlink(missing_ok=True)
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fingerprint(meta):
+    keys = ("tokenizer", "num_tokens", "split")
+    payload = {k: meta[k] for k in keys} | {"sources": [s["sha256"] for s in meta["sources"]]}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool, workers, chunk_chars, bar):
+    """Pass 2: tokenize into temporary bins, then rename train.bin, val.bin and meta.json into place."""
+    vocab_size = len(scan.chars) if kind == "char" else GPT2_VOCAB_SIZE
+    dtype = dtype_for(vocab_size)
+    itemsize = np.dtype(dtype).itemsize
+    eot_id = GPT2_EOT_ID if kind == "gpt2" else None
+    append_eot = eot_id is not None and scan.n_docs > 1
+    find_cut = gpt2_cut if kind == "gpt2" else any_cut
+    stats = [(Path(s.path).stat().st_size, Path(s.path).stat().st_mtime_ns) for s in sources]
+
+    tag = f"{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = {name: folder / f".{name}{tag}" for name in ("train.bin", "val.bin", "meta.json")}
+    counts = {"train": 0, "val": 0}
+    try:
+        with open(tmp["train.bin"], "wb") as f_train, open(tmp["val.bin"], "wb") as f_val:
+            docs = iter_documents(sources, errors, lambda i, block: bar.update(len(block)))
+            segments = ((split, pieces, append_eot) for split, pieces in make_segments(docs))
+            tasks = build_tasks(segments, find_cut, chunk_chars)
+            t0, halfway = time.perf_counter(), scan.n_chars // 2
+            done_chars = 0
+            for train_bytes, val_bytes, n_chars in ordered_map(pool, encode_task, tasks, workers):
+                f_train.write(train_bytes)
+                f_val.write(val_bytes)
+                counts["train"] += len(train_bytes) // itemsize
+                counts["val"] += len(val_bytes) // itemsize
+                done_chars += n_chars
+                if done_chars >= halfway:
+                    faults.maybe_exit("exit_during_prepare")  # test-only: die with the bins half written
+                tokens = counts["train"] + counts["val"]
+                bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s", refresh=False)
+            for f in (f_train, f_val):
+                f.flush()
+                os.fsync(f.fileno())
+        for source, stat in zip(sources, stats):
+            path = Path(source.path)
+            if (path.stat().st_size, path.stat().st_mtime_ns) != stat:
+                raise UserError(f"input {source.shown} changed while it was being prepared: run again")
+        assert counts["train"] > 0 and counts["val"] > 0, f"empty split after a non-empty plan: {counts}"
+
+        tokenizer = {"type": "char", "chars": scan.chars} if kind == "char" else {"type": "gpt2"}
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "tokenizer": tokenizer,
+            "vocab_size": vocab_size,
+            "dtype": dtype,
+            "eot_id": eot_id,
+            "num_tokens": counts,
+            "sources": scan.sources,
+            "split": rule,
+        }
+        meta["fingerprint"] = fingerprint(meta)
+        with open(tmp["meta.json"], "w", encoding="utf-8") as f:
+            f.write(meta_json(meta))
+            f.flush()
+            os.fsync(f.fileno())
+        # Commit. A dataset is complete only when meta.json exists, so the old one goes
+        # first: a kill between the renames below leaves bins without meta.json (nothing
+        # that looks valid), never new bins beside an old meta.json.
+        (folder / "meta.json").unlink(missing_ok=True)
+        fsync_dir(folder)
+        for name in ("train.bin", "val.bin", "meta.json"):
+            os.replace(tmp[name], folder / name)
+        fsync_dir(folder)
+    finally:
+        for path in tmp.values():
+            path.unlink(missing_ok=True)
+    return meta
+
+
+def meta_json(meta):
+    """One top-level key per line, each value compact: readable even with a huge vocabulary."""
+    lines = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in meta.items()]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+# ---------------------------------------------------------------- library entry points
+
+
+def default_workers():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def progress_bar(enabled, total, desc):
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not enabled, file=sys.stderr
+    )
+
+
+def check_name(name):
+    if not name or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):
+        raise UserError(f"dataset name {name!r} must be a plain folder name (letters, digits, _ . -)")
+
+
+def prepare_dataset(
+    inputs,
+    tokenizer,
+    name,
+    out_dir="data",
+    val_fraction=0.1,
+    errors="strict",
+    workers=None,
+    progress=True,
+    *,
+    chunk_chars=CHUNK_CHARS,
+):
+    """Tokenize `inputs` (paths: text files, folders of .txt, .jsonl) into out_dir/name; return the folder."""
+    if tokenizer not in TOKENIZERS:
+        raise UserError(f"unknown tokenizer {tokenizer!r}: choose one of {', '.join(TOKENIZERS)}")
+    check_name(name)
+    if not 0 < val_fraction < 1:
+        raise UserError(f"--val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    if errors not in ("strict", "replace"):
+        raise UserError(f"--errors must be 'strict' or 'replace', got {errors!r}")
+    workers = default_workers() if workers is None else max(1, int(workers))
+    sources = resolve_inputs([str(p) for p in inputs])
+    shown = ", ".join(str(p) for p in inputs)
+    total_bytes = sum(os.path.getsize(s.path) for s in sources)
+    if total_bytes < 2 * chunk_chars:
+        workers = 1  # starting processes would cost more than it saves
+
+    folder = Path(out_dir) / name
+    init = ("gpt2", None, dtype_for(GPT2_VOCAB_SIZE), GPT2_EOT_ID)
+    pool = make_pool(workers, ("charset",) if tokenizer == "char" else init)
+    try:
+        with progress_bar(progress, total_bytes, "scan") as bar:
+            scan = scan_inputs(sources, errors, tokenizer == "char", pool, workers, bar)
+        rule, make_segments = plan_split(scan, val_fraction, shown)
+        if tokenizer == "char":  # the encoders need the vocabulary: start them afresh
+            if pool is not None:
+                pool.terminate()
+                pool.join()
+            vocab_size = len(scan.chars)
+            pool = make_pool(workers, ("char", scan.chars, dtype_for(vocab_size), None))
+        else:
+            vocab_size = GPT2_VOCAB_SIZE
+        created = not folder.exists()
+        folder.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(folder)
+        try:
+            with progress_bar(progress, total_bytes, "tokenize") as bar:
+                meta = write_dataset(
+                    folder, make_segments, sources, errors, tokenizer, scan, rule, pool, workers, chunk_chars, bar
+                )
+        except BaseException:
+            if created and not any(folder.iterdir()):
+                folder.rmdir()  # leave no trace of a run that wrote nothing
+            raise
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    if progress:
+        n = meta["num_tokens"]
+        print(
+            f"wrote {folder}: train {n['train']:,} tokens, val {n['val']:,} tokens "
+            f"({meta['dtype']}, vocab {vocab_size:,})",
+            file=sys.stderr,
+        )
+    return folder
+
+
+def check_dataset_name(name):
+    if name not in NAMED_DATASETS:
+        raise UserError(
+            f"unknown dataset {name!r}: known datasets are {', '.join(NAMED_DATASETS)}; "
+            "for your own text use --input PATH --tokenizer {char,gpt2} --name NAME"
+        )
+
+
+def prepare_named_dataset(name, out_dir="data", input_path=None, *, workers=None, progress=True):
+    """Prepare a named dataset (shakespeare_char, shakespeare) into out_dir/name; return the folder."""
+    check_dataset_name(name)
+    folder = Path(out_dir) / name
+    path = shakespeare_input(folder, input_path)
+    return prepare_dataset([path], NAMED_DATASETS[name], name, out_dir, workers=workers, progress=progress)

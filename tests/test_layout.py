@@ -1,0 +1,68 @@
+"""The layout: scripts at the root, their parts in the gptkit package, which
+imports from anywhere without side effects."""
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+
+from repo import REPO
+
+ROOT_SCRIPTS = {"prepare.py", "train.py", "sample.py", "model.py", "lab.py", "bench.py", "params.py", "plot.py"}
+
+
+def package_modules():
+    """Every module of gptkit, as dotted names."""
+    names = []
+    for path in sorted((REPO / "gptkit").rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_root_holds_only_what_a_user_runs():
+    assert {p.name for p in REPO.glob("*.py")} == ROOT_SCRIPTS
+
+
+def test_package_imports_from_another_folder_without_side_effects(tmp_path):
+    """`import gptkit` and every module in it: no output, no device query, no files
+    written; the bare package does not even import torch."""
+    code = textwrap.dedent(
+        f"""
+        import importlib, sys
+        import gptkit
+        assert "torch" not in sys.modules, "import gptkit pulled in torch"
+        import torch
+        def no_query(*a, **k):
+            raise AssertionError("a module asked for a device at import time")
+        torch.cuda.is_available = no_query
+        torch.cuda.device_count = no_query
+        for name in {package_modules()!r}:
+            importlib.import_module(name)
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "" and result.stderr == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_package_never_imports_a_root_script_but_the_model():
+    """The package is what the scripts are built of, never the other way round;
+    model.py is the one root file it uses (the GPT is read at the root)."""
+    scripts = {name[:-3] for name in ROOT_SCRIPTS} - {"model"}
+    problems = []
+    for path in sorted((REPO / "gptkit").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                found = [node.module]
+            else:
+                continue
+            problems += [f"{path.relative_to(REPO)} imports {m}" for m in found if m.split(".")[0] in scripts]
+    assert problems == []
