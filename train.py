@@ -28,19 +28,21 @@ import torch
 
 from gptkit import dataset
 from gptkit import faults
-from gptkit.checkpoint import save_checkpoint
+from gptkit.checkpoint import save_checkpoint, write_text_atomic
 from gptkit.config import parse_settings, setting, settings_dict
 from gptkit.device import DTYPES, resolve_device, training_dtype
-from gptkit.errors import RunFailed, UserError, run_main
+from gptkit.errors import PeerFailed, RunFailed, UserError, run_main, same_on_every_rank
 from gptkit.train import distributed
 from gptkit.train import logger
 from gptkit.train import optim
 from gptkit.train.mfu import estimate_mfu, measure_peak
 from gptkit.train.run_state import provenance, rng_state, set_rng_state
-from gptkit.train.setup import Forward, init_model
+from gptkit.train.setup import Forward, OutDir, init_model
 from model import GPTConfig
 
 FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
+EVAL_STOP_CHECK = 4  # evaluation rounds between agreeing on a stop signal
+MAX_SEED = 2**32 - 1 - 4096  # numpy seeds stop at 2**32 - 1, and each rank adds its rank
 CHOICES = {
     "lr_schedule": ("cosine", "constant", "wsd"),
     "optimizer": ("adamw", "muon"),
@@ -53,7 +55,8 @@ CHOICES = {
 class TrainConfig:
     """Training: data, optimization, evaluation, checkpoints, logging and devices"""
 
-    out_dir: str = setting("out", "folder for ckpt.pt, best.pt, config.json and metrics.jsonl")
+    out_dir: str = setting("out", "folder for ckpt.pt, best.pt, config.json and metrics.jsonl (one run at a time)")
+    overwrite: bool = setting(False, "init_from=scratch into an out_dir that holds a run: replace it (else refused)")
     eval_interval: int = setting(2000, "evaluate, and save ckpt.pt, every this many iterations")
     log_interval: int = setting(1, "log the training loss every this many iterations")
     eval_iters: int = setting(200, "batches per split for each loss estimate; 0 = the whole val split (train: 20 random batches)")
@@ -61,8 +64,8 @@ class TrainConfig:
     always_save_checkpoint: bool = setting(True, "save ckpt.pt at every eval; false: only when the val loss improves")
     init_from: str = setting("scratch", "scratch | resume (out_dir/ckpt.pt) | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a local Hugging Face folder")
     wandb_log: bool = setting(False, "also log to Weights & Biases (WANDB_MODE=offline works without a network)")
-    wandb_project: str = setting("owt", "wandb project name")
-    wandb_run_name: str = setting("gpt2", "wandb run name")
+    wandb_project: str | None = setting(None, "wandb project name (none: the dataset name)")
+    wandb_run_name: str | None = setting(None, "wandb run name (none: the out_dir's name)")
     progress_bar: bool = setting(True, "show a tqdm progress bar when the output is a terminal")
     dataset: str = setting("openwebtext", "dataset folder name under data_dir, as written by prepare.py")
     data_dir: str = setting("data", "folder holding the dataset folders")
@@ -81,14 +84,14 @@ class TrainConfig:
     decay_lr: bool = setting(True, "follow lr_schedule; false = learning_rate at every step, no warmup")
     lr_schedule: str = setting("cosine", "cosine | constant | wsd (warmup, stable, decay)")
     warmup_iters: int = setting(2000, "linear warmup steps")
-    lr_decay_iters: int = setting(600000, "step at which the rate reaches min_lr (usually max_iters)")
+    lr_decay_iters: int | None = setting(None, "step at which the rate reaches min_lr (none: max_iters, so it follows --max_iters)")
     min_lr: float = setting(6e-5, "final learning rate (usually learning_rate / 10)")
     cooldown_frac: float = setting(0.2, "wsd: share of lr_decay_iters spent decaying to min_lr")
     backend: str = setting("auto", "DDP backend: auto (nccl on CUDA, gloo on CPU) | nccl | gloo")
     device: str = setting("auto", "auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps")
     dtype: str = setting("auto", "auto (bfloat16 where supported, else float16 on CUDA; float32 on CPU) | float32 | bfloat16 | float16")
     compile: bool | str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
-    seed: int = setting(1337, "random seed (weights, dropout, data order)")
+    seed: int = setting(1337, f"random seed (weights, dropout, data order), 0 to {MAX_SEED}")
 
     def __post_init__(self):
         problems = []
@@ -103,12 +106,26 @@ class TrainConfig:
         for name in ("eval_interval", "log_interval", "gradient_accumulation_steps", "batch_size"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
+        if self.lr_decay_iters is None:
+            self.lr_decay_iters = self.max_iters  # the schedule follows max_iters
         for name in ("eval_iters", "max_iters", "warmup_iters", "lr_decay_iters"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)} must not be negative")
         for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "muon_lr"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name}={getattr(self, name)} must not be negative")
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                problems.append(f"{name}={value} must be a finite number, not negative")
+        for name in ("beta1", "beta2", "muon_momentum"):
+            if not 0 <= getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be in [0, 1)")
+        if not 0 <= self.seed <= MAX_SEED:
+            problems.append(f"seed={self.seed} must be between 0 and {MAX_SEED}")
+        if self.decay_lr and self.min_lr == 0 and self.lr_schedule != "constant" and self.lr_decay_iters < self.max_iters:
+            problems.append(
+                f"lr_decay_iters={self.lr_decay_iters} < max_iters={self.max_iters} with min_lr=0: steps "
+                f"{self.lr_decay_iters} to {self.max_iters - 1} would train at learning rate 0; leave lr_decay_iters "
+                "unset (it follows max_iters), or set min_lr > 0"
+            )
         if not 0 <= self.cooldown_frac <= 1:
             problems.append(f"cooldown_frac={self.cooldown_frac} must be in [0, 1]")
         if not self.init_from:
@@ -118,45 +135,89 @@ class TrainConfig:
 
 
 @torch.no_grad()
-def evaluate(forward, module, batches, eval_sets, autocast, d, device):
-    """Mean loss of each split over its eval windows; each rank takes every W-th batch."""
+def evaluate(forward, module, batches, eval_sets, autocast, d, device, stop, progress):
+    """Mean loss of each split over its eval windows; each rank takes every W-th batch.
+
+    Returns None if a stop signal arrives on any rank first: the ranks agree on
+    it every few batches, so Ctrl-C during a long evaluation acts within seconds."""
     module.eval()
     out = {}
-    for split, batch_list in eval_sets.items():
-        total = torch.zeros(2, device=device)  # (sum of loss * windows, windows)
-        for k in range(d.rank, len(batch_list), d.world_size):
-            x, y = batches.get(split, batch_list[k])
-            with autocast:
-                _, loss = forward(x, y)
-            total += torch.stack([loss.float() * len(batch_list[k]), torch.tensor(float(len(batch_list[k])), device=device)])
-        distributed.all_reduce_sum(total, d)
-        out[split] = (total[0] / total[1]).item()
-    module.train()
+    try:
+        for split, batch_list in eval_sets.items():
+            total = torch.zeros(2, device=device)  # (sum of loss * windows, windows)
+            rounds = math.ceil(len(batch_list) / d.world_size)  # every rank takes one batch a round
+            for r in range(rounds):
+                k = r * d.world_size + d.rank
+                if k < len(batch_list):
+                    x, y = batches.get(split, batch_list[k])
+                    with autocast:
+                        _, loss = forward(x, y)
+                    total += torch.stack([loss.float() * len(batch_list[k]), torch.tensor(float(len(batch_list[k])), device=device)])
+                if (r % EVAL_STOP_CHECK == EVAL_STOP_CHECK - 1 or r == rounds - 1) and distributed.any_rank(stop.raised, d, device):
+                    return None
+                progress.update(split, r + 1, rounds)
+            distributed.all_reduce_sum(total, d)
+            out[split] = (total[0] / total[1]).item()
+    finally:
+        progress.close()
+        module.train()
     return out
 
 
 def main(argv=None):
-    model_cfg, cfg = parse_settings(argv, [GPTConfig, TrainConfig], prog="train.py", description=__doc__)
+    try:  # mistakes every rank makes alike: under torchrun only rank 0 prints them
+        model_cfg, cfg = parse_settings(argv, [GPTConfig, TrainConfig], prog="train.py", description=__doc__)
+        check_world_size(cfg, distributed.world_size_from_env())
+        if cfg.wandb_log and not cfg.eval_only:
+            logger.check_wandb_ready()
+    except UserError as e:
+        raise same_on_every_rank(e)
     return train(model_cfg, cfg)
 
 
+def check_resumable(ckpt, optimizers, out_dir):
+    if not isinstance(ckpt.get("optimizer"), list) or len(ckpt["optimizer"]) != len(optimizers):
+        raise UserError(f"{out_dir}/ckpt.pt was trained with a different optimizer setting: resume with --optimizer as before")
+    for key, kind in (("iter_num", int), ("best_val_loss", float), ("val_loss", float), ("rng", dict)):
+        if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
+            raise UserError(f"{out_dir}/ckpt.pt: its {key!r} is {type(ckpt.get(key)).__name__}, not {kind.__name__}: it is damaged or not ours")
+
+
+def check_world_size(cfg, world_size):
+    if cfg.gradient_accumulation_steps % world_size:
+        G = cfg.gradient_accumulation_steps
+        raise UserError(
+            f"gradient_accumulation_steps={G} (the global count) must be divisible by the number of "
+            f"ranks, {world_size}: use a multiple of {world_size}, e.g. --gradient_accumulation_steps={G * world_size} "
+            f"--batch_size={max(1, cfg.batch_size // world_size)} for about the same global batch"
+        )
+
+
 def train(model_cfg, cfg):
+    """Run one training job on this rank: take the out_dir (rank 0), train, clean up.
+    On an error, leave at once without waiting for the other ranks (see distributed.py)."""
+    start = time.monotonic()
     device_type = resolve_device(cfg.device).type
     d = distributed.init(cfg.backend, device_type)
+    out_dir, ok = None, False
     try:
-        return run(model_cfg, cfg, d)
+        out_dir = distributed.agreed(d, lambda: OutDir(cfg) if d.is_main and not cfg.eval_only else None)
+        code = run(model_cfg, cfg, d, start)
+        ok = True
+        return code
+    except Exception as e:
+        if d.enabled and distributed.is_peer_failure(e):
+            raise PeerFailed() from e  # another rank failed and says why
+        raise
     finally:
-        distributed.cleanup(d)
+        if out_dir is not None:
+            out_dir.release()
+        distributed.cleanup(d, ok)
 
 
-def run(model_cfg, cfg, d):
+def run(model_cfg, cfg, d, start):
     device = str(resolve_device(cfg.device, d.local_rank if d.enabled else None))
     device_type = device.split(":")[0]
-    if cfg.gradient_accumulation_steps % d.world_size:
-        raise UserError(
-            f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} (the global count) must be divisible "
-            f"by the number of ranks, {d.world_size}: use a multiple of {d.world_size}"
-        )
     local_accum = cfg.gradient_accumulation_steps // d.world_size
     ptdtype = training_dtype(cfg.dtype, device_type)
     use_compile = cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda")
@@ -165,25 +226,25 @@ def run(model_cfg, cfg, d):
         torch.backends.cudnn.allow_tf32 = True
     out_dir = Path(cfg.out_dir)
 
-    # Data: prepare a missing named dataset once (rank 0), then check it.
-    if d.is_main:
-        dataset.ensure_dataset(cfg.data_dir, cfg.dataset)
-    distributed.barrier(d)
-    meta = dataset.load_meta(cfg.data_dir, cfg.dataset)
+    # Data: prepare a missing named dataset once (rank 0), then check it on every rank.
+    distributed.agreed(d, lambda: dataset.ensure_dataset(cfg.data_dir, cfg.dataset) if d.is_main else None)
+    meta = distributed.agreed(d, lambda: dataset.load_meta(cfg.data_dir, cfg.dataset))
 
     torch.manual_seed(cfg.seed + d.rank)  # different dropout on each rank
     random.seed(cfg.seed + d.rank)
     np.random.seed(cfg.seed + d.rank)
-    raw_model, model_cfg, ckpt = init_model(model_cfg, cfg, meta, out_dir)
-    dataset.check_block_size(meta, model_cfg.block_size, Path(cfg.data_dir) / cfg.dataset)
+    raw_model, model_cfg, ckpt = distributed.agreed(d, lambda: init_model(model_cfg, cfg, meta, out_dir))
+    distributed.agreed(d, lambda: dataset.check_block_size(meta, model_cfg.block_size, Path(cfg.data_dir) / cfg.dataset))
+    if d.is_main:
+        for warning in optim.schedule_warnings(cfg):
+            print(f"warning: {warning}")
     raw_model.to(device)
     optimizers = optim.make_optimizers(raw_model, cfg, device_type)
     scaler = optim.make_scaler(ptdtype, device_type)
 
     iter_num, best_val_loss, val_loss, last_eval_iter, train_time = 0, math.inf, math.nan, -1, 0.0
     if ckpt is not None:
-        if len(ckpt["optimizer"]) != len(optimizers):
-            raise UserError(f"{out_dir}/ckpt.pt was trained with a different optimizer setting: resume with --optimizer as before")
+        distributed.agreed(d, lambda: check_resumable(ckpt, optimizers, out_dir))
         base_lrs = [[g["base_lr"] for g in opt.param_groups] for opt in optimizers]
         for opt, state, bases in zip(optimizers, ckpt["optimizer"], base_lrs):
             opt.load_state_dict(state)
@@ -202,6 +263,8 @@ def run(model_cfg, cfg, d):
             print(f"warning: rank {d.rank}: the checkpoint's RNG states were saved by another number of ranks; dropout will not repeat exactly")
         set_rng_state(rng, device)
         ckpt = None  # free the memory
+        if d.is_main:
+            print(f"resumed from {out_dir / 'ckpt.pt'} at iteration {iter_num} (best val loss {best_val_loss:.4f})")
 
     # Wrap: DDP (gradients averaged across ranks), then compile.
     module = raw_model
@@ -222,12 +285,11 @@ def run(model_cfg, cfg, d):
     if d.is_main:
         print("settings: " + textwrap.fill("  ".join(f"{k}={v}" for k, v in settings.items()), 100, subsequent_indent="  "))
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters | world size {d.world_size} | {device} {settings['dtype']} | compile {use_compile}")
-    if write:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.json").write_text(json.dumps(settings, indent=2) + "\n")
-        if cfg.init_from == "resume":
-            logger.trim_metrics(out_dir / "metrics.jsonl", iter_num)
+    if write and cfg.init_from == "resume":
+        logger.trim_metrics(out_dir / "metrics.jsonl", iter_num)
     log = logger.Logger(cfg, out_dir, d.is_main, cfg.max_iters, iter_num, settings, write_files=write)
+    if write:
+        write_text_atomic(out_dir / "config.json", json.dumps(settings, indent=2) + "\n")
     prov = provenance(device) if d.is_main else None
     peak_flops = measure_peak(device) if d.is_main else None
 
@@ -266,7 +328,27 @@ def run(model_cfg, cfg, d):
             obj["optimizer"] = [opt.state_dict() for opt in optimizers]
             obj["scaler"] = scaler.state_dict() if scaler is not None else None
             obj["rng"] = {**rng_state(device), "per_rank": states if d.world_size > 1 else None}
-        save_checkpoint(obj, out_dir / f"{kind}.pt")
+        save_checkpoint(obj, out_dir / f"{kind}.pt")  # refuses NaN/inf weights or optimizer state
+
+    def fail(what):
+        """Stop the run (every rank gets here alike: rank 0 reports, the others stop quietly)."""
+        where = f"{last_ckpt[1]} (iteration {last_ckpt[0]})" if last_ckpt else "none saved yet in this run"
+        if not d.is_main:
+            raise PeerFailed()
+        raise RunFailed(f"{what}. Last good checkpoint: {where}. Try a lower learning_rate or muon_lr, "
+                        "grad_clip, or dtype=bfloat16/float32")
+
+    def stopped(when, save_now):
+        """A clean stop on SIGINT/SIGTERM: save (unless nothing was trained yet) and say how to go on."""
+        by = stop.signal_name or "a signal on another rank"
+        elapsed = logger.format_duration(time.monotonic() - start)
+        if save_now and iter_num > 0:
+            save("ckpt")
+            log.print(f"stopped by {by} {when}: saved {out_dir / 'ckpt.pt'} (iteration {iter_num}); "
+                      f"continue with --init_from=resume ({elapsed} in all)")
+        else:
+            log.print(f"stopped by {by} {when}: nothing trained yet, nothing saved ({elapsed} in all)")
+        return 0
 
     stop = distributed.StopFlag().install()
     try:
@@ -275,7 +357,11 @@ def run(model_cfg, cfg, d):
             # does not repeat the evaluation its checkpoint was saved after.
             due = (iter_num % cfg.eval_interval == 0 or iter_num >= cfg.max_iters) and iter_num != last_eval_iter
             if due or cfg.eval_only:
-                losses = evaluate(forward, module, batches, eval_sets, autocast, d, device)
+                losses = evaluate(forward, module, batches, eval_sets, autocast, d, device, stop, log.eval_progress(iter_num))
+                if losses is None:  # a stop signal during the evaluation: its last checkpoint stands
+                    return stopped(f"during the evaluation at iteration {iter_num}", save_now=iter_num > 0)
+                if not all(math.isfinite(v) for v in losses.values()):
+                    fail(f"the val loss is {losses['val']} (train {losses['train']}) at iteration {iter_num}; nothing saved")
                 val_loss, last_eval_iter = losses["val"], iter_num
                 lr = optim.lr_at(iter_num, cfg)
                 log.record({"kind": "eval", "iter": iter_num, "train_loss": losses["train"], "val_loss": val_loss, "lr": lr, "train_time_s": train_time})
@@ -324,11 +410,7 @@ def run(model_cfg, cfg, d):
             loss_mean, grad_norm = loss_total / G, norm_total / d.world_size
             if not math.isfinite(loss_mean) or (not math.isfinite(grad_norm) and scaler is None):
                 what = f"loss is {loss_mean}" if not math.isfinite(loss_mean) else f"gradient norm is {grad_norm}"
-                where = f"{last_ckpt[1]} (iteration {last_ckpt[0]})" if last_ckpt else "none saved yet in this run"
-                raise RunFailed(
-                    f"the training {what} at iteration {iter_num}; stopped before the optimizer step. "
-                    f"Last good checkpoint: {where}. Try a lower learning_rate, grad_clip, or dtype=bfloat16/float32"
-                )
+                fail(f"the training {what} at iteration {iter_num}; stopped before the optimizer step")
             lr = optim.lr_at(iter_num, cfg)
             optim.set_lr(optimizers, lr / cfg.learning_rate if cfg.learning_rate > 0 else 0.0)
             for opt in optimizers:
@@ -349,18 +431,16 @@ def run(model_cfg, cfg, d):
                             "ms_per_iter": 1000 * dt, "tokens_per_s": tokens_per_s, "mfu": mfu, "train_time_s": train_time,
                             **({"skipped": True} if not math.isfinite(grad_norm) else {})})
             iter_num += 1
-            log.advance()
+            log.advance(dt)
             if stops > 0:
-                save("ckpt")
-                log.print(f"stopped by {stop.signal_name or 'a signal on another rank'} at iteration {iter_num}: "
-                          f"saved {out_dir / 'ckpt.pt'}; continue with --init_from=resume")
-                return 0
+                return stopped(f"at iteration {iter_num}", save_now=True)
     finally:
         stop.uninstall()
         log.close()
         batches.close()
     if d.is_main and not cfg.eval_only:
-        print(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, checkpoints in {out_dir}")
+        print(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, checkpoints in {out_dir} "
+              f"({logger.format_duration(time.monotonic() - start)} in all)")
     return 0
 
 

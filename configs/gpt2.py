@@ -26,7 +26,6 @@ pad_vocab_multiple = 64  # 50257 -> 50304 ids: matmuls on multiples of 64 run fa
 
 learning_rate = 6e-4
 max_iters = 600000
-lr_decay_iters = 600000
 min_lr = 6e-5
 warmup_iters = 2000
 weight_decay = 1e-1

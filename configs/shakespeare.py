@@ -41,7 +41,6 @@ max_iters = 400
 # Warmup, stable, then a linear cooldown to zero over the last half.
 lr_schedule = "wsd"
 warmup_iters = 20
-lr_decay_iters = 400  # = max_iters
 cooldown_frac = 0.5
 min_lr = 0.0
 

@@ -29,7 +29,7 @@ bias = False  # nanoGPT's train.py default
 
 learning_rate = 1e-3  # a small model can take a larger rate
 max_iters = 5000
-lr_decay_iters = 5000  # = max_iters, as the Chinchilla paper suggests
+# lr_decay_iters follows max_iters (as the Chinchilla paper suggests) unless set here
 min_lr = 1e-4  # learning_rate / 10
 beta2 = 0.99  # few tokens per step: a slightly shorter second-moment memory
 warmup_iters = 100

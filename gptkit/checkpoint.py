@@ -10,8 +10,11 @@ objects that could execute code; everything we store is tensors and plain
 Python values.
 """
 
+import contextlib
 import os
 import pickle
+import signal
+import threading
 import zipfile
 from pathlib import Path
 
@@ -30,21 +33,91 @@ def temp_path_for(path):
 
 
 def save_checkpoint(obj, path):
-    """Write `obj` to `path` atomically: the old file or the new one, never half."""
+    """Write `obj` to `path` atomically: the old file or the new one, never half.
+
+    A checkpoint with a non-finite floating-point tensor (weights or optimizer state
+    gone NaN or inf) is refused: the previous file stays, and the error names the
+    tensor. A Ctrl-C during the write waits until the file is in place."""
     path = Path(path)
+    bad = non_finite_tensors(obj)
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise RunFailed(f"not saving {path}: {bad[0]}{more} holds NaN or inf (the previous checkpoint is kept)")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path_for(path)
     try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            faults.maybe_exit_during_save()
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with deferred_interrupts():
+            with open(tmp, "wb") as f:
+                torch.save(obj, f)
+                faults.maybe_exit_during_save()
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
         tmp.unlink(missing_ok=True)
         raise RunFailed(f"could not write checkpoint {path}: {e} (the previous checkpoint is intact)")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
+
+
+def write_text_atomic(path, text):
+    """Replace a small text file (config.json, a trimmed metrics.jsonl) atomically."""
+    path = Path(path)
+    tmp = temp_path_for(path)
+    try:
+        with deferred_interrupts():
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise RunFailed(f"could not write {path}: {e}")
+
+
+def non_finite_tensors(obj, name="checkpoint"):
+    """Names (like `model['h.0.attn.c_attn.weight']`) of the floating-point tensors in
+    `obj` that hold a NaN or an infinity; one device sync for all of them."""
+    found = []
+
+    def walk(x, where):
+        if torch.is_tensor(x):
+            if x.is_floating_point() or x.is_complex():
+                found.append((where, x))
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{where}[{k!r}]")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{where}[{i}]")
+
+    walk(obj, name)
+    if not found:
+        return []
+    by_device = {}
+    for i, (_, t) in enumerate(found):
+        by_device.setdefault(t.device, []).append(i)
+    ok = [True] * len(found)
+    for indices in by_device.values():  # one stacked check (and one sync) per device
+        flags = torch.stack([torch.isfinite(found[i][1]).all() for i in indices]).tolist()
+        for i, flag in zip(indices, flags):
+            ok[i] = flag
+    return [where for (where, _), good in zip(found, ok) if not good]
+
+
+@contextlib.contextmanager
+def deferred_interrupts():
+    """Hold SIGINT back while a file is written: torch.save interrupted halfway
+    reports a failed write that reads like a disk fault. The held signal arrives as
+    soon as the block ends. (POSIX, main thread; elsewhere it does nothing.)"""
+    can = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if can:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        if can:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _fsync_dir(folder):

@@ -28,6 +28,8 @@ FORMAT_VERSION = 1
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 AUTO_PREPARED = ("shakespeare_char", "shakespeare")  # names prepare.py can build by itself
 EVAL_STREAM = 0xE7A1  # separates the evaluation windows' random stream from training's
+GPT2_VOCAB_SIZE = 50257
+FULL_SCAN_BYTES = 1 << 30  # bins up to 1 GiB are checked whole at start-up (~0.1 s per 100 MB)
 
 
 def prepare_command(name):
@@ -100,11 +102,48 @@ def load_meta(data_dir, name, block_size=None):
                 f"{meta['dtype']} ({expected and expected * itemsize} bytes): the file is "
                 f"truncated or stale; run {prepare_command(name)} again"
             )
+    check_vocabulary(meta, meta_path)
+    for split in ("train", "val"):
+        if meta["num_tokens"][split] * itemsize <= FULL_SCAN_BYTES:  # larger ones: each batch as it is read
+            check_token_ids(folder / f"{split}.bin", meta["dtype"], meta["vocab_size"], name)
     meta.setdefault("fingerprint", None)
     meta.setdefault("eot_id", None)
     if block_size is not None:
         check_block_size(meta, block_size, folder)
     return meta
+
+
+def check_vocabulary(meta, meta_path):
+    """vocab_size must agree with the tokenizer meta.json describes."""
+    tok = meta["tokenizer"]
+    if not isinstance(tok, dict) or not isinstance(meta["vocab_size"], int):
+        raise UserError(f"{meta_path}: 'tokenizer' must be an object and 'vocab_size' an integer")
+    expected = None
+    if tok.get("type") == "char":
+        chars = tok.get("chars")
+        expected = len(chars) if isinstance(chars, (list, str)) else None
+    elif tok.get("type") == "gpt2":
+        expected = GPT2_VOCAB_SIZE
+    if expected is not None and expected != meta["vocab_size"]:
+        raise UserError(
+            f"{meta_path}: vocab_size {meta['vocab_size']} disagrees with its {tok.get('type')} tokenizer "
+            f"({expected} tokens): the file was edited or is stale; run prepare.py again"
+        )
+
+
+def check_token_ids(path, dtype, vocab_size, name=None, offset=0, ids=None):
+    """Every token id in the file (or in `ids`, read from it at token `offset`) must be
+    below vocab_size: a larger id would index past the embedding table."""
+    if ids is None:
+        ids = np.memmap(path, dtype=DTYPES[dtype], mode="r") if os.path.getsize(path) else np.zeros(0, np.uint16)
+    worst = int(ids.max()) if ids.size else 0
+    if worst >= vocab_size:
+        where = offset + int(np.argmax(np.asarray(ids).reshape(-1) >= vocab_size))
+        fix = f"run {prepare_command(name)} again" if name else "prepare the dataset again"
+        raise UserError(
+            f"{path} holds token id {worst} (first bad id at token {where:,}), but the vocabulary has "
+            f"{vocab_size} ids: the bins do not match meta.json; {fix}"
+        )
 
 
 def check_block_size(meta, block_size, folder):
@@ -161,13 +200,18 @@ class TokenBin:
         self.fd = os.open(self.path, os.O_RDONLY)
         self.n_tokens = os.fstat(self.fd).st_size // self.dtype.itemsize
 
-    def read_windows(self, offsets, length):
-        """Token ids of the windows starting at `offsets`, each `length` long: (B, length) int64."""
+    def read_windows(self, offsets, length, vocab_size=None):
+        """Token ids of the windows starting at `offsets`, each `length` long: (B, length) int64.
+        With vocab_size, an id outside the vocabulary is a UserError naming the file."""
         out = np.empty((len(offsets), length), dtype=self.dtype)
         nbytes = length * self.dtype.itemsize
         for row, start in enumerate(offsets):
             got = os.preadv(self.fd, [memoryview(out[row]).cast("B")], int(start) * self.dtype.itemsize)
-            assert got == nbytes, f"short read from {self.path} at token {start}: {got} of {nbytes} bytes"
+            if got != nbytes:
+                raise UserError(f"short read from {self.path} at token {start}: {got} of {nbytes} bytes (was it truncated?)")
+        if vocab_size is not None and out.size and int(out.max()) >= vocab_size:
+            row = int(np.argmax((out >= vocab_size).any(axis=1)))
+            check_token_ids(self.path, None, vocab_size, offset=int(offsets[row]), ids=out[row])
         return out.astype(np.int64)
 
     def close(self):
@@ -186,13 +230,14 @@ class Batches:
         folder = dataset_dir(data_dir, name)
         self.splits = {s: TokenBin(folder / f"{s}.bin", meta["dtype"]) for s in ("train", "val")}
         self.block_size = block_size
+        self.vocab_size = meta["vocab_size"]
         self.device = torch.device(device)
 
     def n_tokens(self, split):
         return self.splits[split].n_tokens
 
     def get(self, split, offsets):
-        windows = torch.from_numpy(self.splits[split].read_windows(offsets, self.block_size + 1))
+        windows = torch.from_numpy(self.splits[split].read_windows(offsets, self.block_size + 1, self.vocab_size))
         x = windows[:, :-1].contiguous()  # (B, T) inputs
         y = windows[:, 1:].contiguous()  # (B, T) targets: the next token
         if self.device.type == "cuda":

@@ -8,10 +8,19 @@ the message without a traceback and exits with a documented code:
     1    the run failed (for example a non-finite loss)
     2    a user mistake: the message says what is wrong and what to do
     130  interrupted by Ctrl-C before anything could be saved
+
+Under torchrun every rank runs `main`. A mistake that every rank makes alike (a
+bad setting) is printed by rank 0 alone; an error only one rank hits is printed
+by that rank; a rank that stops because another one failed prints nothing. Each
+message also goes to the file torchrun names in TORCHELASTIC_ERROR_FILE, so that
+its closing summary shows our one line as the root cause instead of a pointer to
+its documentation.
 """
 
+import json
 import os
 import sys
+import time
 
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
@@ -26,15 +35,49 @@ class RunFailed(Exception):
     """The run itself went wrong (e.g. a NaN loss); the message says where."""
 
 
+class PeerFailed(Exception):
+    """Another rank failed (and says why); this one stops quietly with exit code 1."""
+
+
+def same_on_every_rank(error):
+    """Mark `error` as one every rank raises alike (settings, shared files): only rank 0 prints it."""
+    error.same_on_every_rank = True
+    return error
+
+
+def _rank():
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def _tell_torchrun(message):
+    """Leave the message where torchrun's failure summary looks for it."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": message, "timestamp": int(time.time())}, f)
+    except OSError:
+        pass  # the summary then just lacks our line
+
+
 def run_main(main, argv=None):
     """Call `main(argv)` and exit with its code, turning our errors into messages."""
     try:
         code = main(argv)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        code = EXIT_USER_ERROR
-    except RunFailed as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (UserError, RunFailed) as e:
+        message = f"error: {e}"
+        rank = _rank()
+        if rank != 0 and not getattr(e, "same_on_every_rank", False):
+            message = f"error on rank {rank}: {e}"
+        if rank == 0 or not getattr(e, "same_on_every_rank", False):
+            print(message, file=sys.stderr)
+        _tell_torchrun(message)
+        code = EXIT_USER_ERROR if isinstance(e, UserError) else EXIT_FAILED
+    except PeerFailed:
         code = EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -272,11 +272,9 @@ def test_best_pt_holds_the_best_weights(data_dir, tmp_path):
 
 def test_gradient_accumulation_must_divide_across_ranks(tmp_path):
     from gptkit.config import parse_settings
-    from gptkit.train.distributed import Dist
-
-    model_cfg, cfg = parse_settings(tiny_args(tmp_path, tmp_path / "out", gradient_accumulation_steps=5), [train.GPTConfig, train.TrainConfig])
+    _, cfg = parse_settings(tiny_args(tmp_path, tmp_path / "out", gradient_accumulation_steps=5), [train.GPTConfig, train.TrainConfig])
     with pytest.raises(UserError, match="gradient_accumulation_steps=5 .* divisible by the number of ranks, 2"):
-        train.run(model_cfg, cfg, Dist(rank=0, world_size=2))
+        train.check_world_size(cfg, 2)
 
 
 def test_compile_failure_falls_back_to_eager(monkeypatch, capsys):

@@ -24,6 +24,7 @@ import numpy as np
 
 from gptkit import faults
 from gptkit.errors import UserError
+from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
 from gptkit.prepare.encode import CHUNK_CHARS, any_cut, build_tasks, dtype_for, encode_task, gpt2_cut, make_pool, ordered_map
 from gptkit.prepare.shakespeare import TMP_MARK, shakespeare_input
 from gptkit.prepare.sources import iter_documents, resolve_inputs
@@ -46,26 +47,6 @@ def fsync_dir(folder):
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def remove_stale_temps(folder):
-    """Delete temporary files left by killed runs (their process is gone)."""
-    for path in folder.glob("." + "*" + TMP_MARK + "*"):
-        match = re.search(re.escape(TMP_MARK) + r"(\d+)-", path.name)
-        pid = int(match.group(1)) if match else None
-        if pid is not None and pid != os.getpid() and pid_alive(pid):
-            continue  # another prepare.py is writing here right now
-        path.unlink(missing_ok=True)
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def fingerprint(meta):
@@ -215,17 +196,21 @@ def prepare_dataset(
         else:
             vocab_size = GPT2_VOCAB_SIZE
         created = not folder.exists()
-        folder.mkdir(parents=True, exist_ok=True)
-        remove_stale_temps(folder)
+        lock = FolderLock(folder, "prepare.py").acquire()  # one writer per dataset folder
         try:
+            remove_stale_temps(folder)
             with progress_bar(progress, total_bytes, "tokenize") as bar:
                 meta = write_dataset(
                     folder, make_segments, sources, errors, tokenizer, scan, rule, pool, workers, chunk_chars, bar
                 )
         except BaseException:
-            if created and not any(folder.iterdir()):
-                folder.rmdir()  # leave no trace of a run that wrote nothing
+            lock.release()
+            if created:
+                (folder / LOCK_NAME).unlink(missing_ok=True)
+                if not any(folder.iterdir()):
+                    folder.rmdir()  # leave no trace of a run that wrote nothing
             raise
+        lock.release()
     finally:
         if pool is not None:
             pool.terminate()

@@ -7,6 +7,14 @@ A SIGINT or SIGTERM only raises a flag; the training loop all-reduces that flag
 with its per-step numbers, so every rank stops at the same step boundary and
 rank 0 saves one checkpoint (torchrun forwards SIGTERM to its workers and kills
 them 30 s later: RELIABILITY.md).
+
+A failure on one rank must end the whole job within seconds, not at the process
+group's 30-minute timeout. So a failing rank never waits in a collective on its
+way out (no barrier in `cleanup` after an error); the other ranks' next
+collective then fails at once (gloo: "Connection closed by peer"), which they
+turn into a quiet `PeerFailed`, and torchrun ends whatever is left. Checks that
+can fail before training starts run through `agreed`, so a mistake every rank
+makes is reported once, by rank 0.
 """
 
 import dataclasses
@@ -16,7 +24,7 @@ import signal
 import torch
 import torch.distributed as dist
 
-from gptkit.errors import UserError
+from gptkit.errors import PeerFailed, UserError
 
 
 @dataclasses.dataclass
@@ -33,6 +41,11 @@ class Dist:
 
 def launched_by_torchrun():
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def world_size_from_env():
+    """The number of ranks torchrun started (1 without torchrun), known before any process group."""
+    return int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else 1
 
 
 def resolve_backend(backend, device_type):
@@ -62,17 +75,65 @@ def init(backend, device_type):
     return Dist(rank=rank, local_rank=local_rank, world_size=world_size, enabled=True)
 
 
-def cleanup(d):
+def cleanup(d, ok=True):
+    """Leave the process group. After an error, leave without waiting for the others:
+    they may be blocked in a collective this rank will never join."""
     if d.enabled and dist.is_initialized():
-        # Without this barrier some gloo runs aborted at exit (RELIABILITY.md).
-        dist.barrier()
+        if ok:
+            # Without this barrier some gloo runs aborted at exit (RELIABILITY.md).
+            dist.barrier()
         dist.destroy_process_group()
+
+
+PEER_FAILURE_SIGNS = ("closed by peer", "connection reset", "broken pipe", "remote worker", "aborted", "timed out")
+
+
+def is_peer_failure(error):
+    """True for the error a collective raises when another rank has gone."""
+    text = str(error).lower()
+    return isinstance(error, (RuntimeError, OSError)) and any(sign in text for sign in PEER_FAILURE_SIGNS)
+
+
+def agreed(d, fn):
+    """Run fn() on this rank, then let every rank know whether any rank failed with a
+    UserError: then all stop, rank 0 reporting each distinct message once (naming the
+    ranks when not all had it) and the others quietly. fn must not use collectives."""
+    try:
+        value, message = fn(), None
+    except UserError as e:
+        if not d.enabled:
+            raise
+        value, message = None, str(e)
+    if not d.enabled:
+        return value
+    messages = gather_objects(message, d)
+    failed = {}
+    for rank, m in enumerate(messages):
+        if m is not None:
+            failed.setdefault(m, []).append(rank)
+    if not failed:
+        return value
+    if not d.is_main:
+        raise PeerFailed()
+    everyone = len(failed) == 1 and len(next(iter(failed.values()))) == d.world_size
+    if everyone:
+        raise UserError(next(iter(failed)))
+    raise UserError("; ".join(f"on rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {m}" for m, r in failed.items()))
 
 
 def all_reduce_sum(tensor, d):
     if d.enabled:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def any_rank(flag, d, device):
+    """True on every rank when `flag` is true on at least one."""
+    if not d.enabled:
+        return bool(flag)
+    t = torch.tensor(float(flag), device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.item() > 0
 
 
 def barrier(d):
@@ -105,6 +166,15 @@ class StopFlag:
         if self.signal_name is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # the user insists: stop without saving
         self.signal_name = signal.Signals(signum).name
+        if os.environ.get("RANK", "0") == "0":
+            # os.write, not print: a signal handler may interrupt a print in progress.
+            note = f"\n{self.signal_name}: stopping at the end of this step and saving a checkpoint"
+            if signum == signal.SIGINT:
+                note += " (Ctrl-C again to quit at once without saving)"
+            try:
+                os.write(2, (note + "\n").encode())
+            except OSError:
+                pass
 
     @property
     def raised(self):

@@ -11,21 +11,36 @@ line, so any tool (plot.py, a notebook, jq) can read a run without a service:
 
 import json
 import math
+import netrc
 import os
 import sys
+import time
 from pathlib import Path
+from urllib.parse import urlparse
 
+from gptkit.checkpoint import write_text_atomic
 from gptkit.errors import UserError
 
 
-def format_train_line(rec):
-    """`step 100 | loss 1.2345 | lr 1.0e-03 | norm 0.85 | 35.2 ms | 12,345 tok/s | mfu 31.2%`"""
+def format_duration(seconds):
+    """1h02m, 3m07s, 12s."""
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def format_train_line(rec, total_iters=None, eta_s=None):
+    """`step 100/5000 | loss 1.2345 | lr 1.0e-03 | norm 0.85 | 35.2 ms | 12,345 tok/s | mfu 31.2% | eta 2m51s`"""
     mfu = "n/a" if rec["mfu"] is None else f"{100 * rec['mfu']:.1f}%"
+    step = f"{rec['iter']}/{total_iters}" if total_iters else f"{rec['iter']}"
     line = (
-        f"step {rec['iter']} | loss {rec['loss']:.4f} | lr {rec['lr']:.1e} | "
+        f"step {step} | loss {rec['loss']:.4f} | lr {rec['lr']:.1e} | "
         f"norm {rec['grad_norm']:.2f} | {rec['ms_per_iter']:.1f} ms | "
         f"{rec['tokens_per_s']:,.0f} tok/s | mfu {mfu}"
     )
+    if eta_s is not None:
+        line += f" | eta {format_duration(eta_s)}"
     if rec.get("skipped"):
         line += " | step skipped (fp16 overflow, loss scale lowered)"
     return line
@@ -57,9 +72,7 @@ def trim_metrics(path, resume_iter):
         it = rec.get("iter", -1)
         if (rec.get("kind") == "eval" and it <= resume_iter) or it < resume_iter:
             kept.append(line)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(line + "\n" for line in kept))
 
 
 class Logger:
@@ -70,16 +83,21 @@ class Logger:
         self.bar = None
         self.wandb = None
         self.metrics = None
+        self.total_iters = total_iters
+        self.seconds_per_iter = None  # a running mean, for the ETA
+        self.tty = sys.stdout.isatty()
         if not enabled:
             return
+        if cfg.wandb_log and write_files:  # first: a wandb failure leaves no files behind
+            self.wandb = start_wandb(cfg, run_config)
         if write_files:
-            self.metrics = open(Path(out_dir) / "metrics.jsonl", "a")
-        if cfg.progress_bar and sys.stdout.isatty():
+            # A resumed run continues its own log (trimmed to the checkpoint); any
+            # other run starts one: metrics.jsonl always holds exactly one run.
+            self.metrics = open(Path(out_dir) / "metrics.jsonl", "a" if cfg.init_from == "resume" else "w")
+        if cfg.progress_bar and self.tty:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total_iters, initial=start_iter, unit="it", dynamic_ncols=True)
-        if cfg.wandb_log and write_files:
-            self.wandb = start_wandb(cfg, run_config)
 
     def print(self, text):
         if not self.enabled:
@@ -96,15 +114,28 @@ class Logger:
         if self.metrics is not None:
             self.metrics.write(json.dumps({k: _json_safe(v) for k, v in rec.items()}) + "\n")
             self.metrics.flush()
-        self.print(format_train_line(rec) if rec["kind"] == "train" else format_eval_line(rec))
+        if rec["kind"] == "train":
+            eta = None
+            if self.seconds_per_iter is not None:
+                eta = self.seconds_per_iter * max(0, self.total_iters - rec["iter"] - 1)
+            self.print(format_train_line(rec, self.total_iters, eta))
+        else:
+            self.print(format_eval_line(rec))
         if self.wandb is not None:
             prefix = "train" if rec["kind"] == "train" else "eval"
             data = {f"{prefix}/{k}": v for k, v in rec.items() if k not in ("kind", "iter") and v is not None}
             self.wandb.log(data, step=rec["iter"])
 
-    def advance(self, n=1):
+    def advance(self, seconds):
+        """One more iteration done, that took `seconds`."""
+        mean = self.seconds_per_iter
+        self.seconds_per_iter = seconds if mean is None else 0.9 * mean + 0.1 * seconds
         if self.bar is not None:
-            self.bar.update(n)
+            self.bar.update(1)
+
+    def eval_progress(self, iter_num):
+        """A progress reporter for one evaluation (see EvalProgress)."""
+        return EvalProgress(self if self.enabled else None, iter_num)
 
     def close(self):
         if self.bar is not None:
@@ -116,11 +147,80 @@ class Logger:
             self.wandb = None
 
 
-def start_wandb(cfg, run_config):
-    """A wandb run; WANDB_MODE=offline writes it under ./wandb without a network.
-    The API key stays in the environment (WANDB_API_KEY), never in a setting or a log."""
+class EvalProgress:
+    """Shows that an evaluation is running: a transient tqdm bar on a terminal, else
+    (nohup, batch jobs) a line every PERIOD seconds once it has taken that long."""
+
+    PERIOD = 30.0
+
+    def __init__(self, logger, iter_num):
+        self.logger, self.iter_num = logger, iter_num
+        self.start = self.last_line = time.monotonic()
+        self.bar = None
+
+    def update(self, split, done, total):
+        if self.logger is None:
+            return
+        if self.logger.tty and self.logger.bar is not None:
+            if self.bar is None or self.bar.desc != f"eval {split}":
+                self.close()
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, desc=f"eval {split}", unit="batch", leave=False, dynamic_ncols=True)
+            self.bar.update(done - self.bar.n)
+            return
+        now = time.monotonic()
+        if now - self.last_line >= self.PERIOD:
+            self.last_line = now
+            rate = (now - self.start) / max(done, 1)
+            self.logger.print(
+                f"eval {self.iter_num} | {split} batch {done}/{total} | {format_duration(now - self.start)} so far, "
+                f"{split} done in ~{format_duration(rate * (total - done))}"
+            )
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def wandb_host():
+    return urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+
+
+def check_wandb_ready():
+    """Before any work: wandb is installed and can log (offline mode, or a key from
+    WANDB_API_KEY or `wandb login`'s ~/.netrc entry). Never reads the key's value into a log."""
     try:
-        import wandb
+        __import__("wandb")
     except ImportError:
         raise UserError("wandb_log is on but wandb is not installed: pip install wandb (or --wandb_log=false)")
-    return wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=run_config)
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return
+    if os.environ.get("WANDB_API_KEY"):
+        return
+    try:
+        if netrc.netrc(os.environ.get("NETRC")).authenticators(wandb_host()):
+            return
+    except (OSError, netrc.NetrcParseError):
+        pass
+    raise UserError(
+        "wandb_log is on but wandb has no login on this machine: run `wandb login`, set WANDB_API_KEY, "
+        "or log locally with WANDB_MODE=offline (sync later with `wandb sync`); or --wandb_log=false"
+    )
+
+
+def start_wandb(cfg, run_config):
+    """A wandb run; WANDB_MODE=offline writes it under ./wandb without a network.
+    The API key stays in the environment (WANDB_API_KEY), never in a setting or a log.
+    Project and run names default to the dataset and the out_dir's name."""
+    check_wandb_ready()
+    import wandb
+
+    project = cfg.wandb_project or cfg.dataset
+    name = cfg.wandb_run_name or Path(cfg.out_dir).resolve().name
+    try:
+        return wandb.init(project=project, name=name, config=run_config)
+    except Exception as e:  # network, permissions, a bad key: wandb's own errors vary by version
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"could not start wandb ({type(e).__name__}: {first[:300]}): fix it, or --wandb_log=false")

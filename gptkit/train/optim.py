@@ -46,6 +46,24 @@ def lr_at(step, cfg):
     return min_lr + coeff * (lr - min_lr)
 
 
+def schedule_warnings(cfg):
+    """Settings that are legal but probably not what was meant (impossible ones are
+    refused by TrainConfig itself)."""
+    out = []
+    if not cfg.decay_lr or cfg.max_iters == 0:
+        return out
+    if cfg.warmup_iters >= cfg.max_iters:
+        out.append(f"warmup_iters={cfg.warmup_iters} >= max_iters={cfg.max_iters}: the run ends before the "
+                   f"learning rate reaches learning_rate={cfg.learning_rate}")
+    elif cfg.lr_schedule == "cosine" and cfg.warmup_iters >= cfg.lr_decay_iters:
+        out.append(f"warmup_iters={cfg.warmup_iters} >= lr_decay_iters={cfg.lr_decay_iters}: the cosine decay "
+                   f"never happens (min_lr from step {cfg.warmup_iters} on)")
+    if cfg.lr_decay_iters < cfg.max_iters and cfg.lr_schedule != "constant" and cfg.min_lr > 0:
+        out.append(f"lr_decay_iters={cfg.lr_decay_iters} < max_iters={cfg.max_iters}: the last "
+                   f"{cfg.max_iters - cfg.lr_decay_iters} steps train at min_lr={cfg.min_lr}")
+    return out
+
+
 def adamw_groups(named_params, weight_decay):
     """Two AdamW parameter groups: matrices (decayed) and everything else (not)."""
     decay = [p for _, p in named_params if p.requires_grad and p.dim() >= 2]

@@ -1,14 +1,17 @@
-"""The model a run starts from (scratch, its own checkpoint, or GPT-2), and the
-forward pass through torch.compile with an eager fallback."""
+"""What a run starts from: its out_dir (one writer, no silent overwrite), the model
+(scratch, its own checkpoint, or GPT-2), and the forward pass through
+torch.compile with an eager fallback."""
 
 import dataclasses
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-from gptkit.checkpoint import load_checkpoint
+from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.errors import UserError
+from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
 from model import GPT, GPTConfig
 
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -34,6 +37,9 @@ def init_model(model_cfg, cfg, meta, out_dir):
         if differing:
             print(f"note: resuming keeps the checkpoint's model settings; ignoring {', '.join(differing)}")
         model_cfg = dataclasses.replace(saved, dropout=model_cfg.dropout)
+        bad = non_finite_tensors(ckpt, f"{out_dir}/ckpt.pt")
+        if bad:
+            raise UserError(f"{bad[0]} holds NaN or inf: this checkpoint cannot be resumed; start again or use another")
         model = GPT(model_cfg)
         model.load_state_dict(ckpt["model"])
         return model, model_cfg, ckpt
@@ -87,3 +93,51 @@ class Forward:
             except Exception as e:
                 self._fall_back(e)
         return self.eager(x, y)
+
+
+class OutDir:
+    """The run's out_dir, held by one writer (rank 0) from start to end.
+
+    Taking it: the one-writer lock (a second run on the same out_dir is refused,
+    naming the process that holds it), the removal of temporary files left by
+    killed runs, and the refusal to start a new run over an old one unless
+    overwrite is set. Released at the end; a folder this run created and never
+    wrote to is removed again."""
+
+    RUN_FILES = ("ckpt.pt", "best.pt", "metrics.jsonl", "config.json")
+
+    def __init__(self, cfg):
+        self.path = Path(cfg.out_dir)
+        if self.path.exists() and not self.path.is_dir():
+            raise UserError(f"out_dir {self.path} exists and is not a folder: choose another --out_dir")
+        self.created = not self.path.exists()
+        try:
+            self.lock = FolderLock(self.path, "training run").acquire()
+        except OSError as e:
+            raise UserError(f"cannot use out_dir {self.path}: {e.strerror or e}")
+        try:
+            removed = remove_stale_temps(self.path)
+            if removed:
+                print(f"removed {len(removed)} temporary file(s) left in {self.path} by a run that was killed")
+            if cfg.init_from != "resume":
+                self._make_room(cfg.overwrite)
+        except BaseException:
+            self.release()
+            raise
+
+    def _make_room(self, overwrite):
+        held = [name for name in ("ckpt.pt", "best.pt") if (self.path / name).exists()]
+        if held and not overwrite:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime((self.path / held[0]).stat().st_mtime))
+            raise UserError(
+                f"out_dir {self.path} already holds a run ({' and '.join(held)}, saved {when}): continue it with "
+                f"--init_from=resume, start a new one with --out_dir=OTHER, or replace it with --overwrite=true"
+            )
+        for name in self.RUN_FILES:  # a run that saved no checkpoint leaves only logs: start them afresh
+            (self.path / name).unlink(missing_ok=True)
+
+    def release(self):
+        self.lock.release()
+        if self.created and [p.name for p in self.path.iterdir()] == [LOCK_NAME]:
+            (self.path / LOCK_NAME).unlink(missing_ok=True)
+            self.path.rmdir()

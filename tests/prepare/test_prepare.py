@@ -61,7 +61,7 @@ def test_shakespeare_char_matches_nanogpt(shakespeare_path, tmp_path):
     assert len(meta["fingerprint"]) == 64
     train_text, val_text = decode_both(folder)
     assert train_text + val_text == shakespeare_path.read_text()
-    assert sorted(os.listdir(folder)) == ["meta.json", "train.bin", "val.bin"]  # no temp files left
+    assert sorted(os.listdir(folder)) == [".lock", "meta.json", "train.bin", "val.bin"]  # no temp files left
 
 
 def test_shakespeare_gpt2_matches_nanogpt_in_parallel_chunks(shakespeare_path, tiktoken_available, tmp_path):
@@ -183,7 +183,7 @@ def test_rerun_replaces_dataset_and_cleans_stale_temp_files(tmp_path):
     path.write_text("the second, longer version of the text\n" * 30)
     build.prepare_dataset([path], "char", "d", tmp_path, progress=False)
     assert "".join(decode_both(folder)) == path.read_text()
-    assert sorted(os.listdir(folder)) == ["meta.json", "train.bin", "val.bin"]
+    assert sorted(os.listdir(folder)) == [".lock", "meta.json", "train.bin", "val.bin"]
 
 
 # ---------------------------------------------------------------- user errors: message, nothing written
@@ -370,7 +370,7 @@ def test_kill_midway_leaves_previous_dataset(tmp_path):
     env = dict(os.environ, GPT_FAULTS="exit_during_prepare", PYTHONPATH=str(REPO))
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.returncode == 137, result.stderr
-    leftovers = [p.name for p in folder.iterdir() if p.name not in before]
+    leftovers = [p.name for p in folder.iterdir() if p.name not in before and p.name != ".lock"]
     assert leftovers and all(".tmp-" in name and name.startswith(".") for name in leftovers)  # died mid-write
     assert {name: (folder / name).read_bytes() for name in before} == before
     assert "".join(decode_both(folder)) == old.read_text()

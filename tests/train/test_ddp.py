@@ -36,7 +36,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
     va = [e["val_loss"] for e in read_metrics(tmp_path / "one", "eval")]
     vb = [e["val_loss"] for e in read_metrics(tmp_path / "two", "eval")]
     assert va == pytest.approx(vb, abs=1e-5)
-    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["best.pt", "ckpt.pt", "config.json", "metrics.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == [".lock", "best.pt", "ckpt.pt", "config.json", "metrics.jsonl"]
     assert not any(p.name.endswith(".pt") for p in tmp_path.iterdir())  # no stray files from rank 1
 
 
