@@ -245,11 +245,13 @@ def run(model_cfg, cfg, d, start):
     iter_num, best_val_loss, val_loss, last_eval_iter, train_time = 0, math.inf, math.nan, -1, 0.0
     if ckpt is not None:
         distributed.agreed(d, lambda: check_resumable(ckpt, optimizers, out_dir))
-        base_lrs = [[g["base_lr"] for g in opt.param_groups] for opt in optimizers]
-        for opt, state, bases in zip(optimizers, ckpt["optimizer"], base_lrs):
+        # Today's settings win (learning rates, weight decay, betas, momentum): keep
+        # each fresh group's hyperparameters over the ones saved with its state.
+        fresh = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in optimizers]
+        for opt, state, groups in zip(optimizers, ckpt["optimizer"], fresh):
             opt.load_state_dict(state)
-            for g, base in zip(opt.param_groups, bases):
-                g["base_lr"] = base  # today's learning_rate settings win
+            for g, hyper in zip(opt.param_groups, groups):
+                g.update(hyper)
         if scaler is not None and ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
@@ -388,6 +390,7 @@ def run(model_cfg, cfg, d, start):
                     module.require_backward_grad_sync = micro == local_accum - 1
                 with autocast:
                     _, loss = forward(x, y)
+                faults.maybe_fail(iter_num)
                 if faults.at_step("nan_loss_at", iter_num):
                     loss = loss * float("nan")
                 loss_sum += loss.detach().float()

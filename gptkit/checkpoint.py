@@ -107,17 +107,24 @@ def non_finite_tensors(obj, name="checkpoint"):
 
 @contextlib.contextmanager
 def deferred_interrupts():
-    """Hold SIGINT back while a file is written: torch.save interrupted halfway
-    reports a failed write that reads like a disk fault. The held signal arrives as
-    soon as the block ends. (POSIX, main thread; elsewhere it does nothing.)"""
-    can = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
-    if can:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    """Hold Ctrl-C back while a file is written: torch.save interrupted halfway
+    reports a failed write that reads like a disk fault. A SIGINT that arrives
+    meanwhile is handed to the previous handler as soon as the block ends.
+    (Handlers live in the main thread; elsewhere this does nothing.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(frame))
     try:
         yield
     finally:
-        if can:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, previous)
+        if pending:
+            if callable(previous):
+                previous(signal.SIGINT, pending[-1])
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
 
 
 def _fsync_dir(folder):

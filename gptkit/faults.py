@@ -7,6 +7,8 @@ variable GPT_FAULTS to a comma-separated list, e.g.
     GPT_FAULTS=inf_grad_at=5            a gradient becomes infinite at iteration 5
     GPT_FAULTS=exit_during_save         the process dies (os._exit) halfway through a checkpoint write
     GPT_FAULTS=exit_during_prepare      prepare.py dies halfway through writing its bins
+    GPT_FAULTS=fail_at=3,fail_rank=1    rank 1 raises a RuntimeError in its forward pass at iteration 3
+    GPT_FAULTS=fail_at=3,fail_kind=user the same as a UserError (a bad batch), on every rank without fail_rank
 
 Users never need this; it does nothing when the variable is unset.
 """
@@ -38,3 +40,17 @@ def maybe_exit(name):
 
 def maybe_exit_during_save():
     maybe_exit("exit_during_save")
+
+
+def maybe_fail(step):
+    """Raise the error fault fail_at=N asks for, at iteration N, on fail_rank (default: all)."""
+    faults = active()
+    if not at_step("fail_at", step):
+        return
+    if "fail_rank" in faults and faults["fail_rank"] != os.environ.get("RANK", "0"):
+        return
+    if faults.get("fail_kind") == "user":
+        from gptkit.errors import UserError
+
+        raise UserError(f"injected user error at iteration {step} (GPT_FAULTS)")
+    raise RuntimeError(f"injected failure at iteration {step} (GPT_FAULTS)")
