@@ -48,6 +48,10 @@ from gptkit.sampling import check_sampling_options
 
 
 SEPARATOR = "-" * 15  # printed after every sample, as nanoGPT does
+# One batch holds every sample's ids (and a cache per sample): keep its size sane.
+MAX_SAMPLES = 4096
+MAX_NEW_TOKENS = 1_000_000
+MAX_TOTAL_TOKENS = 50_000_000
 ESCAPES = {"\\n": "\n", "\\t": "\t", "\\\\": "\\"}
 
 
@@ -84,10 +88,17 @@ class SampleConfig:
     layer: int = setting(0, "which layer --attention draws")
 
     def __post_init__(self):
-        if self.num_samples < 1:
-            raise ValueError(f"num_samples={self.num_samples} must be at least 1")
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 0")
+        if not 1 <= self.num_samples <= MAX_SAMPLES:
+            raise ValueError(f"num_samples={self.num_samples} must be between 1 and {MAX_SAMPLES:,}")
+        if not 0 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be between 0 and {MAX_NEW_TOKENS:,}")
+        if self.num_samples * self.max_new_tokens > MAX_TOTAL_TOKENS:
+            raise ValueError(
+                f"num_samples * max_new_tokens = {self.num_samples * self.max_new_tokens:,} tokens in one batch: "
+                f"at most {MAX_TOTAL_TOKENS:,}; run several times with other --seed values instead"
+            )
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed={self.seed} must be between 0 and 2**63 - 1")
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype={self.dtype!r} must be one of auto, {', '.join(DTYPES)}")
         if self.stop == "":

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from gptkit.checkpoint import FORMAT_VERSION, load_checkpoint
+from gptkit.checkpoint import FORMAT_VERSION, load_checkpoint, non_finite_tensors
 from gptkit.errors import UserError
 from gptkit.interop.nanogpt import (
     is_nanogpt_checkpoint,
@@ -37,9 +37,33 @@ def find_checkpoint(out_dir, ckpt=None):
     raise UserError(f"no checkpoint in {folder} (looked for {' and '.join(CHECKPOINT_NAMES)}); {how}")
 
 
-def load_weights(model, state_dict, source):
+def checked_model_config(model_kwargs, source, **overrides):
+    """A GPTConfig from a checkpoint's model_config, every field of the right type."""
+    from gptkit.config import _field_types, check_value
+    from model import GPTConfig
+
+    if not isinstance(model_kwargs, dict):
+        raise UserError(f"{source}: its model_config is a {type(model_kwargs).__name__}, not a dict")
+    types_ = _field_types(GPTConfig)
+    unknown = [k for k in model_kwargs if k not in types_]
+    if unknown:
+        raise UserError(
+            f"{source}: its model_config has fields this model.py does not know ({', '.join(map(str, unknown[:4]))}); "
+            "was it written by a newer version?"
+        )
+    wrong = [f"{k}={v!r}" for k, v in model_kwargs.items() if not check_value(v, types_[k])]
+    if wrong:
+        raise UserError(f"{source}: its model_config has values of the wrong type: {', '.join(wrong[:4])}")
+    try:
+        return GPTConfig(**{**model_kwargs, **overrides})
+    except ValueError as e:
+        raise UserError(f"{source}: {e}")
+
+
+def load_weights(model, state_dict, source, check_only=False):
     """Copy weights into `model`, explaining any mismatch instead of a traceback.
-    Buffers the file lacks (e.g. a mask the model builds itself) keep the model's values."""
+    Buffers the file lacks (e.g. a mask the model builds itself) keep the model's values.
+    check_only: only compare names and shapes (e.g. against a model on the meta device)."""
     target = model.state_dict()
     buffers = {name for name, _ in model.named_buffers()}
     missing = [k for k in target if k not in state_dict and k not in buffers]
@@ -56,13 +80,14 @@ def load_weights(model, state_dict, source):
             if items
         ]
         raise UserError(f"the weights in {source} do not fit the model its config describes: {'; '.join(parts)}")
-    model.load_state_dict(state_dict, strict=False)
+    if not check_only:
+        model.load_state_dict(state_dict, strict=False)
 
 
 def model_from_checkpoint(ckpt, source, data_dir="data", meta=None):
     """(GPT in eval mode, tokenizer, one-line summary) from a loaded checkpoint dict:
     ours (format_version, model_config, tokenizer) or nanoGPT's (model_args)."""
-    from model import GPT, GPTConfig  # imported here so `sample.py --help` stays quick
+    from model import GPT  # imported here so `sample.py --help` stays quick
 
     if not isinstance(ckpt, dict):
         raise UserError(f"{source} is not a checkpoint: it holds a {type(ckpt).__name__}, not a dict")
@@ -80,7 +105,7 @@ def model_from_checkpoint(ckpt, source, data_dir="data", meta=None):
                 f"{source} has format_version {version!r}; this sample.py reads up to {FORMAT_VERSION}: update the code"
             )
         tokenizer = tokenizer_from_dict(ckpt["tokenizer"])
-        model_kwargs = dict(ckpt["model_config"])
+        model_kwargs = dict(ckpt["model_config"]) if isinstance(ckpt["model_config"], dict) else ckpt["model_config"]
         state = strip_wrapper_prefixes(ckpt["model"])
         described = f"{ckpt['tokenizer'].get('type')} tokenizer"
         val_loss = ckpt.get("val_loss", ckpt.get("best_val_loss"))
@@ -88,19 +113,30 @@ def model_from_checkpoint(ckpt, source, data_dir="data", meta=None):
         keys = ", ".join(sorted(map(str, ckpt))[:8]) or "none"
         raise UserError(f"{source} is not a checkpoint of this project or of nanoGPT (its keys: {keys})")
 
-    model_kwargs["dropout"] = 0.0  # sampling never drops out
-    try:
-        config = GPTConfig(**model_kwargs)
-    except TypeError as e:  # a field this model.py does not know
-        raise UserError(
-            f"{source}: its model_config does not fit this model.py ({e}); was it written by a newer version?"
-        )
-    except ValueError as e:
-        raise UserError(f"{source}: {e}")
+    config = checked_model_config(model_kwargs, source, dropout=0.0)  # sampling never drops out
     if tokenizer.vocab_size > config.vocab_size:
         raise UserError(
             f"{source}: its tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
         )
+    if not isinstance(state, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()):
+        raise UserError(f"{source}: its weights are not a dict of named tensors")
+    bad = non_finite_tensors(state, "weights")
+    if bad:
+        raise UserError(f"{source}: {bad[0]} holds NaN or inf; these weights cannot generate text")
+    layers = {k.split(".")[2] for k in state if k.startswith("transformer.h.") and k.count(".") >= 3}
+    if len(layers) != config.n_layer:
+        raise UserError(f"{source}: its model_config says n_layer={config.n_layer} but the weights hold {len(layers)} blocks")
+    # Build the model's shape on the meta device first (no memory): the config's sizes
+    # must match the tensors the file really holds before anything is allocated.
+    wte = state.get("transformer.wte.weight")
+    if wte is None or wte.dim() != 2 or wte.shape[1] != config.n_embd:
+        raise UserError(f"the weights in {source} do not fit the model its config describes: "
+                        f"n_embd={config.n_embd}, token embedding {tuple(wte.shape) if wte is not None else 'missing'}")
+    try:
+        with torch.device("meta"):
+            load_weights(GPT(config), state, source, check_only=True)
+    except RuntimeError as e:  # sizes too large to even describe
+        raise UserError(f"{source}: its model_config describes an impossible model ({str(e).splitlines()[0]})")
     model = GPT(config)
     load_weights(model, state, source)
     model.eval()

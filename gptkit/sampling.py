@@ -12,21 +12,23 @@ model. `GPT.generate` calls it once per new token. The steps, in order:
     python -c "import torch, sampling; print(sampling.choose_next_token(torch.randn(2, 5), top_k=2))"
 """
 
+import math
+
 import torch
 
 
 def check_sampling_options(temperature=1.0, top_k=None, top_p=None, min_p=None, repetition_penalty=1.0):
     """Raise ValueError naming the option when a value makes no sense."""
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 means greedy)")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature={temperature} must be a finite number >= 0 (0 means greedy)")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1 (or None for no limit)")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p={top_p} must be in (0, 1] (or None)")
     if min_p is not None and not 0 <= min_p <= 1:
         raise ValueError(f"min_p={min_p} must be in [0, 1] (or None)")
-    if repetition_penalty <= 0:
-        raise ValueError(f"repetition_penalty={repetition_penalty} must be > 0 (1.0 means none)")
+    if not math.isfinite(repetition_penalty) or repetition_penalty <= 0:
+        raise ValueError(f"repetition_penalty={repetition_penalty} must be a finite number > 0 (1.0 means none)")
 
 
 def apply_repetition_penalty(logits, previous_tokens, penalty):
@@ -85,7 +87,9 @@ def choose_next_token(
         logits = apply_repetition_penalty(logits, previous_tokens, repetition_penalty)
     if temperature == 0:
         return torch.argmax(logits, dim=-1)
-    logits = logits / temperature
+    # Shift the best logit to 0 before dividing: a tiny temperature then sends the others
+    # to -inf (greedy in the limit) instead of overflowing all of them to inf and NaN.
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
     if top_k is not None:
         logits = filter_top_k(logits, top_k)
     if top_p is not None and top_p < 1:

@@ -392,3 +392,51 @@ def test_init_from_a_local_hugging_face_folder(tmp_path, capsys, tiktoken_availa
                           "--temperature", "0", "--max_new_tokens", "8", "--num_samples", "1")
     assert f"loaded pretrained {tmp_path / 'tiny-gpt2'}" in err
     assert samples_of(got) == [tok.decode(ids)]
+
+
+# ---- values that used to end in tracebacks or absurd allocations --------------------
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--temperature", "inf"], "temperature=inf must be a finite number"),
+        (["--temperature", "nan"], "temperature=nan must be a finite number"),
+        (["--repetition_penalty", "inf"], "repetition_penalty=inf must be a finite number"),
+        (["--seed", str(2**70)], "seed=.* must be between 0 and 2\\*\\*63 - 1"),
+        (["--max_new_tokens", str(10**12)], "max_new_tokens=.* must be between 0 and 1,000,000"),
+        (["--num_samples", "4000", "--max_new_tokens", "900000"], "tokens in one batch"),
+    ],
+)
+def test_unusable_sampling_values_are_refused(tiny, flags, message):
+    _, out = tiny
+    with pytest.raises(UserError, match=message):
+        sample.main(["--out_dir", str(out), *flags])
+
+
+def test_a_tiny_temperature_is_greedy_not_nan(tiny, capsys):
+    _, out = tiny
+    greedy, _ = run_sample(capsys, "--out_dir", str(out), "--start", "AB", "--temperature", "0", "--max_new_tokens", "30", "--num_samples", "1")
+    tiny_t, _ = run_sample(capsys, "--out_dir", str(out), "--start", "AB", "--temperature", "1e-30", "--max_new_tokens", "30", "--num_samples", "1")
+    assert tiny_t == greedy
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c: c["model_config"].update(n_embd=10**9), "do not fit the model its config describes"),
+        (lambda c: c["model_config"].update(n_layer=10**9), "n_layer=1000000000 but the weights hold 2 blocks"),
+        (lambda c: c["model_config"].update(n_layer="2"), "values of the wrong type: n_layer='2'"),
+        (lambda c: c["model_config"].update(secret_field=1), "fields this model.py does not know"),
+        (lambda c: c.update(model_config=[1, 2]), "model_config is a list"),
+        (lambda c: next(iter(c["model"].values())).fill_(float("nan")), "holds NaN or inf"),
+    ],
+)
+def test_a_checkpoint_with_absurd_or_broken_fields_is_refused_before_allocating(tmp_path, change, message):
+    path = tmp_path / "best.pt"
+    save_tiny(path, tiny_model())
+    ckpt = torch.load(path, weights_only=True)
+    change(ckpt)
+    torch.save(ckpt, path)
+    with pytest.raises(UserError, match=message):
+        sample.main(["--ckpt", str(path), "--max_new_tokens", "5"])

@@ -15,7 +15,6 @@ torch.load(weights_only=True).
 
 import json
 import os
-import pickle
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from gptkit.checkpoint import load_checkpoint
 from gptkit.errors import UserError
 from model import GPT, GPTConfig, NORM_EPS
 
@@ -98,10 +98,7 @@ def read_weights(folder):
     path = folder / "pytorch_model.bin"
     if not path.is_file():
         raise UserError(f"{folder} holds neither model.safetensors nor pytorch_model.bin")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
-        raise UserError(f"refusing or unable to load {path}: {str(e).splitlines()[0]}")
+    return load_checkpoint(path)  # weights_only=True; a pickled object is refused, never "load it anyway"
 
 
 def load_gpt2(name_or_path, dropout=0.0, cache_dir=None):

@@ -24,6 +24,7 @@ opcodes for dicts, strings and ints work, which is all a genuine meta.pkl holds.
 import io
 import math
 import pickle
+import re
 from pathlib import Path
 
 from gptkit.errors import UserError
@@ -108,6 +109,8 @@ def nanogpt_tokenizer_dict(ckpt, data_dir="data", meta_path=None):
         return char_tokenizer_from_meta(read_meta_pkl(meta_path)), str(meta_path)
     config = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
     dataset = config.get("dataset")
+    if isinstance(dataset, str) and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", dataset):
+        dataset = None  # not a plain folder name (e.g. "../../x"): never look outside data_dir
     if isinstance(dataset, str) and dataset:
         candidate = Path(data_dir) / dataset / "meta.pkl"
         if candidate.is_file():

@@ -229,3 +229,13 @@ def test_wrapper_prefixes_and_mask_buffers():
         "lm_head.weight": 4,
     }
     assert not nanogpt_compat.is_nanogpt_checkpoint({"model": {}, "model_config": {}})
+
+
+def test_checkpoint_dataset_name_never_leads_outside_data_dir(tmp_path):
+    """A crafted config['dataset'] like '../outside' must not pick a meta.pkl beyond data_dir."""
+    args = dict(ARGS, vocab_size=len(CHARS), bias=False)
+    write_meta(tmp_path / "outside" / "meta.pkl", CHARS)
+    (tmp_path / "data").mkdir()
+    ckpt = nanogpt_checkpoint(nanogpt_weights(**args), args, dataset="../outside")
+    with pytest.raises(UserError, match="meta.pkl was not found"):
+        loading.model_from_checkpoint(ckpt, "ckpt.pt", data_dir=tmp_path / "data")
