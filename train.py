@@ -211,7 +211,7 @@ def train(model_cfg, cfg):
         raise
     finally:
         if out_dir is not None:
-            out_dir.release()
+            out_dir.release(ok)
         distributed.cleanup(d, ok)
 
 

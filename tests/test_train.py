@@ -306,6 +306,38 @@ def test_wandb_missing_says_how_to_install(data_dir, tmp_path, monkeypatch):
         train.main(tiny_args(data_dir, tmp_path / "out", max_iters=2, wandb_log="true"))
 
 
+def test_wandb_without_a_login_is_an_error_before_any_work(data_dir, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "netrc").write_text("machine example.org login a password b\n")
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    with pytest.raises(UserError, match="wandb has no login on this machine: run `wandb login`.*WANDB_MODE=offline"):
+        train.main(tiny_args(data_dir, tmp_path / "out", max_iters=2, wandb_log="true"))
+    assert not (tmp_path / "out").exists()  # no config.json, no empty metrics.jsonl
+
+
+def test_wandb_names_default_to_the_dataset_and_out_dir(data_dir, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    seen = {}
+
+    class Run:
+        def log(self, data, step):
+            pass
+
+        def finish(self):
+            pass
+
+    def init(project, name, config):
+        seen.update(project=project, name=name)
+        return Run()
+
+    monkeypatch.setattr(wandb, "init", init)
+    assert train.main(tiny_args(data_dir, tmp_path / "my-run", max_iters=2, wandb_log="true")) == 0
+    assert seen == {"project": "tiny", "name": "my-run"}
+
+
 def test_missing_named_dataset_is_prepared(tmp_path, shakespeare_path, monkeypatch):
     monkeypatch.setenv("TINYSHAKESPEARE", str(shakespeare_path))
     out = tmp_path / "out"

@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from gptkit.checkpoint import write_text_atomic
-from gptkit.errors import UserError
+from gptkit.errors import RunFailed, UserError
 
 
 def format_duration(seconds):
@@ -112,8 +112,11 @@ class Logger:
         if not self.enabled:
             return
         if self.metrics is not None:
-            self.metrics.write(json.dumps({k: _json_safe(v) for k, v in rec.items()}) + "\n")
-            self.metrics.flush()
+            try:
+                self.metrics.write(json.dumps({k: _json_safe(v) for k, v in rec.items()}) + "\n")
+                self.metrics.flush()
+            except OSError as e:  # a full disk, most likely
+                raise RunFailed(f"could not write {self.metrics.name}: {e}")
         if rec["kind"] == "train":
             eta = None
             if self.seconds_per_iter is not None:

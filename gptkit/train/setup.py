@@ -122,7 +122,7 @@ class OutDir:
             if cfg.init_from != "resume":
                 self._make_room(cfg.overwrite)
         except BaseException:
-            self.release()
+            self.release(ok=True)  # refused before anything was written: leave the folder as it was
             raise
 
     def _make_room(self, overwrite):
@@ -136,8 +136,15 @@ class OutDir:
         for name in self.RUN_FILES:  # a run that saved no checkpoint leaves only logs: start them afresh
             (self.path / name).unlink(missing_ok=True)
 
-    def release(self):
-        self.lock.release()
+    def release(self, ok=True):
+        """Let go of the out_dir. A run that failed before saving any checkpoint takes
+        its config.json and metrics.jsonl with it, and the folder if it made it."""
+        try:
+            if not ok and not any((self.path / name).exists() for name in ("ckpt.pt", "best.pt")):
+                for name in self.RUN_FILES:
+                    (self.path / name).unlink(missing_ok=True)
+        finally:
+            self.lock.release()
         if self.created and [p.name for p in self.path.iterdir()] == [LOCK_NAME]:
             (self.path / LOCK_NAME).unlink(missing_ok=True)
             self.path.rmdir()

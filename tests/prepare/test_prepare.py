@@ -421,3 +421,19 @@ def test_peak_memory_does_not_grow_with_input(tmp_path):
         peaks[mb] = int(result.stdout.split()[-1]) / 1024
     # Reading 32 MB whole would add ~28 MB of text and ~56 MB of ids; streaming adds ~nothing.
     assert peaks[32] - peaks[4] < 16, peaks
+
+
+def test_one_prepare_at_a_time_per_dataset_folder(tmp_path):
+    from gptkit.lock import FolderLock
+
+    path = tmp_path / "a.txt"
+    path.write_text("some text to prepare\n" * 20)
+    folder = build.prepare_dataset([path], "char", "d", tmp_path, progress=False)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with FolderLock(folder, "prepare.py"):  # as another prepare.py writing there now
+        with pytest.raises(UserError, match=rf"{folder} is in use by another prepare.py \(pid {os.getpid()} "):
+            build.prepare_dataset([path], "char", "d", tmp_path, progress=False)
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != ".lock"} == {
+        k: v for k, v in before.items() if k != ".lock"
+    }
+    build.prepare_dataset([path], "char", "d", tmp_path, progress=False)  # free again once it is done

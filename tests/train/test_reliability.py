@@ -316,3 +316,22 @@ def test_a_mistake_every_rank_makes_is_printed_once_by_rank_0(data_dir, tmp_path
     assert result.returncode != 0
     lines = error_lines(result)
     assert len(lines) == 1 and "ckpt.pt does not exist" in lines[0], result.stderr[-3000:]
+
+
+def test_a_full_disk_at_the_first_write_is_a_clear_error_and_leaves_nothing(data_dir, tmp_path):
+    out = tmp_path / "out"
+    code = f"""
+import resource, signal, sys
+sys.path.insert(0, {str(REPO)!r})
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG from write(), as a full disk gives ENOSPC
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # the lock fits, config.json does not
+import train
+from gptkit.errors import run_main
+run_main(train.main, {tiny_args(data_dir, out)!r})
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=subprocess_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert f"error: could not write {out / 'config.json'}" in result.stderr
+    assert not out.exists()
