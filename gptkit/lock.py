@@ -65,9 +65,10 @@ def remove_stale_temps(folder):
 class FolderLock:
     """An exclusive lock on `folder` for as long as this object holds it."""
 
-    def __init__(self, folder, what="run"):
+    def __init__(self, folder, what="run", elsewhere="use another folder"):
         self.folder = Path(folder)
         self.what = what
+        self.elsewhere = elsewhere  # how to go on without waiting, for the message
         self.fd = None
 
     def acquire(self):
@@ -82,7 +83,7 @@ class FolderLock:
                 os.close(fd)
                 raise UserError(
                     f"{self.folder} is in use by another {self.what}{holder}: wait for it to finish or stop it, "
-                    "or use another folder"
+                    f"or {self.elsewhere}"
                 )
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         os.ftruncate(fd, 0)

@@ -196,7 +196,7 @@ def prepare_dataset(
         else:
             vocab_size = GPT2_VOCAB_SIZE
         created = not folder.exists()
-        lock = FolderLock(folder, "prepare.py").acquire()  # one writer per dataset folder
+        lock = FolderLock(folder, "prepare.py", "use another --name").acquire()  # one writer per dataset folder
         try:
             remove_stale_temps(folder)
             with progress_bar(progress, total_bytes, "tokenize") as bar:

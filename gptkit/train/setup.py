@@ -112,7 +112,7 @@ class OutDir:
             raise UserError(f"out_dir {self.path} exists and is not a folder: choose another --out_dir")
         self.created = not self.path.exists()
         try:
-            self.lock = FolderLock(self.path, "training run").acquire()
+            self.lock = FolderLock(self.path, "training run", "use another --out_dir").acquire()
         except OSError as e:
             raise UserError(f"cannot use out_dir {self.path}: {e.strerror or e}")
         try:
