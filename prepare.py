@@ -4,15 +4,7 @@
     python prepare.py shakespeare              # Tiny Shakespeare, GPT-2 BPE (tiktoken)
     python prepare.py --input notes.txt books/ web.jsonl --tokenizer gpt2 --name mine
 
-The bins are raw little-endian token ids (uint16, or uint32 for vocabularies
-over 65,536 ids), readable with `np.memmap(path, dtype=meta["dtype"])`.
-meta.json holds the tokenizer, the token counts, each source's sha256 and the
-split rule; it is renamed into place last, so a dataset folder without it is
-incomplete and an interrupted run never leaves a dataset that looks valid.
-
-The input streams through twice in bounded memory: a first pass validates it
-and counts characters (and collects the character vocabulary), the second
-tokenizes it on all cores and appends to the bins.
+What the files hold and how they are written: gptkit/prepare/build.py.
 """
 
 import argparse
