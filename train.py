@@ -42,6 +42,8 @@ from model import GPTConfig
 
 FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
 EVAL_STOP_CHECK = 4  # evaluation rounds between agreeing on a stop signal
+MAX_MICRO_BATCH_TOKENS = 2**31  # beyond int32 indexing, and beyond any machine's memory for activations
+MAX_EVAL_WINDOWS = 10_000_000  # their start offsets alone would take 80 MB
 MAX_SEED = 2**32 - 1 - 4096  # numpy seeds stop at 2**32 - 1, and each rank adds its rank
 CHOICES = {
     "lr_schedule": ("cosine", "constant", "wsd"),
@@ -168,6 +170,7 @@ def main(argv=None):
     try:  # mistakes every rank makes alike: under torchrun only rank 0 prints them
         model_cfg, cfg = parse_settings(argv, [GPTConfig, TrainConfig], prog="train.py", description=__doc__)
         check_world_size(cfg, distributed.world_size_from_env())
+        check_batch_sizes(model_cfg, cfg)
         if cfg.wandb_log and not cfg.eval_only:
             logger.check_wandb_ready()
     except UserError as e:
@@ -181,6 +184,21 @@ def check_resumable(ckpt, optimizers, out_dir):
     for key, kind in (("iter_num", int), ("best_val_loss", float), ("val_loss", float), ("rng", dict)):
         if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
             raise UserError(f"{out_dir}/ckpt.pt: its {key!r} is {type(ckpt.get(key)).__name__}, not {kind.__name__}: it is damaged or not ours")
+
+
+def check_batch_sizes(model_cfg, cfg):
+    """Sizes no machine can hold fail here, not after minutes of allocating."""
+    tokens = cfg.batch_size * model_cfg.block_size
+    if tokens > MAX_MICRO_BATCH_TOKENS:
+        raise UserError(
+            f"batch_size * block_size = {tokens:,} tokens in one micro-batch (at most {MAX_MICRO_BATCH_TOKENS:,}): "
+            "use a smaller batch_size and more gradient_accumulation_steps"
+        )
+    if cfg.eval_iters * cfg.batch_size > MAX_EVAL_WINDOWS:
+        raise UserError(
+            f"eval_iters * batch_size = {cfg.eval_iters * cfg.batch_size:,} windows per evaluation (at most "
+            f"{MAX_EVAL_WINDOWS:,}): use fewer eval_iters, or eval_iters=0 for the whole val split"
+        )
 
 
 def check_world_size(cfg, world_size):

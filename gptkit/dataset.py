@@ -76,6 +76,17 @@ def load_meta(data_dir, name, block_size=None):
     for key in ("format_version", "tokenizer", "vocab_size", "dtype", "num_tokens"):
         if key not in meta:
             raise UserError(f"{meta_path} lacks '{key}': run {prepare_command(name)} again")
+    types_ok = (
+        isinstance(meta["vocab_size"], int) and not isinstance(meta["vocab_size"], bool)
+        and isinstance(meta["tokenizer"], dict) and isinstance(meta["dtype"], str)
+        and isinstance(meta["num_tokens"], dict)
+        and all(isinstance(meta["num_tokens"].get(s), int) and meta["num_tokens"][s] >= 0 for s in ("train", "val"))
+    )
+    if not types_ok:
+        raise UserError(
+            f"{meta_path} is malformed (vocab_size must be an integer, tokenizer an object, num_tokens "
+            f"{{'train': N, 'val': N}}): run {prepare_command(name)} again"
+        )
     if meta["format_version"] != FORMAT_VERSION:
         raise UserError(
             f"{meta_path} has format_version {meta['format_version']}, this code reads "
@@ -116,8 +127,6 @@ def load_meta(data_dir, name, block_size=None):
 def check_vocabulary(meta, meta_path):
     """vocab_size must agree with the tokenizer meta.json describes."""
     tok = meta["tokenizer"]
-    if not isinstance(tok, dict) or not isinstance(meta["vocab_size"], int):
-        raise UserError(f"{meta_path}: 'tokenizer' must be an object and 'vocab_size' an integer")
     expected = None
     if tok.get("type") == "char":
         chars = tok.get("chars")

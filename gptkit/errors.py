@@ -64,6 +64,13 @@ def _tell_torchrun(message):
         pass  # the summary then just lacks our line
 
 
+def _out_of_memory(e):
+    """MemoryError (numpy, Python) or torch's CPU/GPU allocation failures."""
+    text = str(e).lower()
+    signs = ("not enough memory", "can't allocate memory", "cannot allocate memory", "out of memory")
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or any(s in text for s in signs)
+
+
 def run_main(main, argv=None):
     """Call `main(argv)` and exit with its code, turning our errors into messages."""
     try:
@@ -78,6 +85,13 @@ def run_main(main, argv=None):
         _tell_torchrun(message)
         code = EXIT_USER_ERROR if isinstance(e, UserError) else EXIT_FAILED
     except PeerFailed:
+        code = EXIT_FAILED
+    except (MemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        print(f"error: out of memory ({first}): use a smaller batch_size, block_size, num_samples or model", file=sys.stderr)
+        _tell_torchrun(f"error: out of memory ({first})")
         code = EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -335,3 +335,23 @@ run_main(train.main, {tiny_args(data_dir, out)!r})
     assert "Traceback" not in result.stderr
     assert f"error: could not write {out / 'config.json'}" in result.stderr
     assert not out.exists()
+
+
+def test_batches_no_machine_can_hold_are_refused_before_any_work(tmp_path):
+    with pytest.raises(UserError, match="tokens in one micro-batch"):
+        train.main(tiny_args(tmp_path / "nodata", tmp_path / "out", batch_size=10**8, block_size=64))
+    with pytest.raises(UserError, match="windows per evaluation"):
+        train.main(tiny_args(tmp_path / "nodata", tmp_path / "out", batch_size=10**5, eval_iters=1000))
+    assert not (tmp_path / "out").exists()
+
+
+def test_running_out_of_memory_is_a_message_not_a_traceback(capsys):
+    from gptkit.errors import run_main
+
+    def main(argv):
+        torch.empty(2**62, dtype=torch.uint8)  # no machine has 4 EiB
+
+    with pytest.raises(SystemExit) as e:
+        run_main(main)
+    assert e.value.code == 1
+    assert capsys.readouterr().err.startswith("error: out of memory (")
