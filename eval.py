@@ -4,6 +4,7 @@
     python eval.py out-a out-b/best.pt --dataset shakespeare_char --split val
     python eval.py --init_from gpt2 --input held_out.txt --stride 512
     python eval.py out-shakespeare --init_from gpt2 --hellaswag download --json results.json
+    python eval.py plot out-a out-b --out runs.png                  # loss curves from metrics.jsonl
 
 Every token of the text but each document's first is scored exactly once, by
 sliding windows of the model's block_size moved `--stride` tokens at a time (the
@@ -15,6 +16,10 @@ nats / (ln 2 x the UTF-8 bytes of the scored tokens), comparable across
 tokenizers) and the token and byte counts; with --hellaswag FILE also HellaSwag
 accuracy in its completion form (acc: the ending with the lowest summed token
 loss; acc_norm: the lowest mean, llm.c's figure). Errors exit with code 2.
+
+`eval.py plot OUT_DIR ...` draws the training curves instead: train and val loss
+and the learning rate of each run, from its metrics.jsonl (gptkit/plot.py; needs
+matplotlib). A checkpoint folder named `plot` is written ./plot.
 """
 
 import argparse
@@ -64,7 +69,25 @@ def parse_args(argv):
     return args
 
 
+def plot_main(argv):
+    """`eval.py plot OUT_DIR ... [--out FILE]`: the loss curves of training runs."""
+    from gptkit import plot
+
+    parser = argparse.ArgumentParser(
+        prog="eval.py plot", description="Plot train/val loss and learning rate of training runs (needs matplotlib)."
+    )
+    parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run folders to compare")
+    parser.add_argument("--out", default="loss.png", help="PNG to write (default: %(default)s)")
+    args = parser.parse_args(argv)
+    path = plot.plot_runs(args.out_dirs, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["plot"]:
+        return plot_main(argv[1:])
     args = parse_args(argv)
     device = resolve_device(args.device)
     settings = evaluation.Settings(device, training_dtype(args.dtype, device.type), args.batch_size, args.stride,

@@ -1,7 +1,7 @@
 """Training logs: the console line, a tqdm bar, out_dir/metrics.jsonl and wandb.
 
 Rank 0 alone logs. Every record also goes to `metrics.jsonl`, one JSON object a
-line, so any tool (plot.py, a notebook, jq) can read a run without a service:
+line, so any tool (eval.py plot, a notebook, jq) can read a run without a service:
 
     {"kind": "train", "iter": 100, "loss": 1.2345, "lr": 0.001, "grad_norm": 0.85,
      "ms_per_iter": 35.2, "tokens_per_s": 12345.0, "mfu": 0.312, "train_time_s": 3.5}
