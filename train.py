@@ -28,10 +28,12 @@ import torch
 
 from gptkit import dataset
 from gptkit import faults
+from gptkit import scoring
 from gptkit.checkpoint import save_checkpoint, write_text_atomic
 from gptkit.config import parse_settings, setting, settings_dict
 from gptkit.device import DTYPES, resolve_device, training_dtype
 from gptkit.errors import PeerFailed, RunFailed, UserError, run_main, same_on_every_rank
+from gptkit.tokenizer import tokenizer_from_dict
 from gptkit.train import distributed
 from gptkit.train import logger
 from gptkit.train import optim
@@ -137,33 +139,44 @@ class TrainConfig:
 
 
 @torch.no_grad()
-def evaluate(forward, module, batches, eval_sets, autocast, d, device, stop, progress):
-    """Mean loss of each split over its eval windows; each rank takes every W-th batch.
+def evaluate(forward, module, batches, eval_sets, batch_size, autocast, d, device, byte_lengths, stop, progress):
+    """Loss and bits per byte (gptkit.scoring.Score) of each split over its eval windows,
+    batch_size windows per forward pass; each rank takes every W-th batch.
 
     Returns None if a stop signal arrives on any rank first: the ranks agree on
     it every few batches, so Ctrl-C during a long evaluation acts within seconds."""
     module.eval()
     out = {}
     try:
-        for split, batch_list in eval_sets.items():
-            total = torch.zeros(2, device=device)  # (sum of loss * windows, windows)
-            rounds = math.ceil(len(batch_list) / d.world_size)  # every rank takes one batch a round
-            for r in range(rounds):
-                k = r * d.world_size + d.rank
-                if k < len(batch_list):
-                    x, y = batches.get(split, batch_list[k])
-                    with autocast:
-                        _, loss = forward(x, y)
-                    total += torch.stack([loss.float() * len(batch_list[k]), torch.tensor(float(len(batch_list[k])), device=device)])
-                if (r % EVAL_STOP_CHECK == EVAL_STOP_CHECK - 1 or r == rounds - 1) and distributed.any_rank(stop.raised, d, device):
-                    return None
-                progress.update(split, r + 1, rounds)
+        for split, windows in eval_sets.items():
+            def read(_, start, n, split=split):
+                return batches.splits[split].read_windows([start], n, batches.vocab_size)[0]
+
+            def between_batches(done, total, split=split):
+                progress.update(split, done, total)
+                due = done % EVAL_STOP_CHECK == 0 or done == total
+                return due and distributed.any_rank(stop.raised, d, device)  # True: stop here
+
+            total = scoring.score_windows(forward, read, windows, batches.block_size, batch_size, byte_lengths,
+                                          device, autocast, d.rank, d.world_size, between_batches)
+            if total is None:
+                return None
             distributed.all_reduce_sum(total, d)
-            out[split] = (total[0] / total[1]).item()
+            out[split] = scoring.Score.from_tensor(total)
     finally:
         progress.close()
         module.train()
     return out
+
+
+def eval_byte_lengths(meta, device):
+    """Bytes per token id on the device for bits per byte; None (with a warning) when
+    the tokenizer cannot be loaded here (e.g. GPT-2's BPE files offline)."""
+    try:
+        return scoring.byte_lengths_tensor(tokenizer_from_dict(meta["tokenizer"]), device)
+    except UserError as e:
+        print(f"warning: evaluations will show no bits per byte: {e}")
+        return None
 
 
 def main(argv=None):
@@ -315,12 +328,15 @@ def run(model_cfg, cfg, d, start):
 
     B, T, G = cfg.batch_size, model_cfg.block_size, cfg.gradient_accumulation_steps
     batches = dataset.Batches(cfg.data_dir, cfg.dataset, meta, T, device)
-    eval_sets = {
-        split: dataset.eval_offsets(cfg.seed, split, batches.n_tokens(split), T, B, cfg.eval_iters)
-        for split in ("train", "val")
-    }
-    if cfg.eval_iters == 0:  # the val loss is what is compared; a fixed train sample suffices
-        eval_sets["train"] = dataset.eval_offsets(cfg.seed, "train", batches.n_tokens("train"), T, B, FULL_EVAL_TRAIN_BATCHES)
+    # Eval windows (gptkit.scoring rows): the same random sample at every evaluation; with
+    # eval_iters=0 every token of the val split once (the figure compared; a train sample suffices).
+    eval_sets = {}
+    for split in ("train", "val"):
+        starts = dataset.eval_offsets(cfg.seed, split, batches.n_tokens(split), T, B, cfg.eval_iters or FULL_EVAL_TRAIN_BATCHES)
+        eval_sets[split] = scoring.sample_windows(np.concatenate(starts), T)
+    if cfg.eval_iters == 0:
+        eval_sets["val"] = scoring.plan_windows([batches.n_tokens("val")], T, T)
+    byte_lengths = eval_byte_lengths(meta, device)
     tokens_per_iter = B * T * G
     last_ckpt = (iter_num, out_dir / "ckpt.pt") if cfg.init_from == "resume" else None
 
@@ -377,14 +393,16 @@ def run(model_cfg, cfg, d, start):
             # does not repeat the evaluation its checkpoint was saved after.
             due = (iter_num % cfg.eval_interval == 0 or iter_num >= cfg.max_iters) and iter_num != last_eval_iter
             if due or cfg.eval_only:
-                losses = evaluate(forward, module, batches, eval_sets, autocast, d, device, stop, log.eval_progress(iter_num))
-                if losses is None:  # a stop signal during the evaluation: its last checkpoint stands
+                scores = evaluate(forward, module, batches, eval_sets, B, autocast, d, device, byte_lengths,
+                                  stop, log.eval_progress(iter_num))
+                if scores is None:  # a stop signal during the evaluation
                     return stopped(f"during the evaluation at iteration {iter_num}", save_now=iter_num > 0)
-                if not all(math.isfinite(v) for v in losses.values()):
-                    fail(f"the val loss is {losses['val']} (train {losses['train']}) at iteration {iter_num}; nothing saved")
-                val_loss, last_eval_iter = losses["val"], iter_num
+                if not all(math.isfinite(scores[s].loss) for s in scores):
+                    fail(f"the val loss is {scores['val'].loss} (train {scores['train'].loss}) at iteration {iter_num}; nothing saved")
+                val_loss, last_eval_iter = scores["val"].loss, iter_num
                 lr = optim.lr_at(iter_num, cfg)
-                log.record({"kind": "eval", "iter": iter_num, "train_loss": losses["train"], "val_loss": val_loss, "lr": lr, "train_time_s": train_time})
+                bpb = {f"{s}_bpb": scores[s].bpb for s in ("val", "train")} if byte_lengths is not None else {}
+                log.record({"kind": "eval", "iter": iter_num, "train_loss": scores["train"].loss, "val_loss": val_loss, **bpb, "lr": lr, "train_time_s": train_time})
                 if cfg.eval_only:
                     break
                 improved = val_loss < best_val_loss

@@ -7,6 +7,8 @@ checkpoint, so sampling never has to guess:
     {"type": "gpt2"}                                  GPT-2 BPE through tiktoken
 """
 
+import numpy as np
+
 from gptkit.errors import UserError
 
 GPT2_EOT_ID = 50256  # "<|endoftext|>" in GPT-2's vocabulary
@@ -46,6 +48,10 @@ class CharTokenizer:
     def decode(self, ids):
         return "".join(self.chars[i] for i in ids)
 
+    def token_byte_lengths(self):
+        """UTF-8 bytes each id adds to decoded text: int64 (vocab_size,), for bits per byte."""
+        return np.array([len(ch.encode("utf-8")) for ch in self.chars], dtype=np.int64)
+
     def to_dict(self):
         return {"type": "char", "chars": self.chars}
 
@@ -55,12 +61,25 @@ class GPT2Tokenizer:
         self.encoding = load_gpt2_encoding()
         self.vocab_size = self.encoding.n_vocab  # 50257
         self.eot_id = GPT2_EOT_ID
+        self._byte_lengths = None
 
     def encode(self, text):
         return self.encoding.encode_ordinary(text)
 
     def decode(self, ids):
         return self.encoding.decode(list(ids))
+
+    def token_byte_lengths(self):
+        """UTF-8 bytes each id adds to decoded text: int64 (vocab_size,), for bits per byte.
+        A token may hold part of a character, so its bytes, not its decoded string, are
+        counted; <|endoftext|> adds none. Computed once (~50k look-ups) and kept."""
+        if self._byte_lengths is None:
+            lengths = np.array(
+                [len(self.encoding.decode_single_token_bytes(i)) for i in range(self.vocab_size)], dtype=np.int64
+            )
+            lengths[self.eot_id] = 0
+            self._byte_lengths = lengths
+        return self._byte_lengths
 
     def to_dict(self):
         return {"type": "gpt2"}

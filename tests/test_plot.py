@@ -1,4 +1,4 @@
-"""plot.py: reads metrics.jsonl as train.py writes it and draws every run."""
+"""gptkit/plot.py and `eval.py plot`: reads metrics.jsonl as train.py writes it and draws every run."""
 
 import json
 import sys
@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from gptkit.errors import UserError, run_main
-import plot
+import eval as eval_script
+from gptkit import plot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -90,7 +91,7 @@ def test_cli_writes_a_png(tmp_path, capsys):
     write_run(tmp_path / "out-a")
     write_run(tmp_path / "out-b", base=3.0)
     out = tmp_path / "cmp.png"
-    assert plot.main([str(tmp_path / "out-a"), str(tmp_path / "out-b"), "--out", str(out)]) == 0
+    assert eval_script.main(["plot", str(tmp_path / "out-a"), str(tmp_path / "out-b"), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == PNG_MAGIC
     assert matplotlib.image.imread(out).shape[0] > 100
     assert f"wrote {out}" in capsys.readouterr().out
@@ -103,7 +104,7 @@ def test_same_folder_names_are_told_apart():
 def test_missing_run_exits_2_naming_it(tmp_path, capsys):
     write_run(tmp_path / "good")
     with pytest.raises(SystemExit) as e:
-        run_main(plot.main, [str(tmp_path / "good"), str(tmp_path / "typo")])
+        run_main(eval_script.main, ["plot", str(tmp_path / "good"), str(tmp_path / "typo")])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: run folder") and "typo" in err

@@ -51,7 +51,7 @@ def test_short_run_loss_falls(data_dir, tmp_path):
     train_records = read_metrics(out, "train")
     assert [r["iter"] for r in train_records] == list(range(40))
     assert set(train_records[0]) >= {"kind", "iter", "loss", "lr", "grad_norm", "ms_per_iter", "tokens_per_s", "mfu", "train_time_s"}
-    assert set(evals[0]) == {"kind", "iter", "train_loss", "val_loss", "lr", "train_time_s"}
+    assert set(evals[0]) == {"kind", "iter", "train_loss", "val_loss", "val_bpb", "train_bpb", "lr", "train_time_s"}
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert ckpt["iter_num"] == 40 and ckpt["dataset"] == "tiny"
     assert ckpt["tokenizer"]["type"] == "char"
@@ -346,8 +346,11 @@ def test_missing_named_dataset_is_prepared(tmp_path, shakespeare_path, monkeypat
     assert load_checkpoint(out / "ckpt.pt")["model_config"]["vocab_size"] == 65
 
 
-def test_eval_iters_0_evaluates_the_whole_val_split(data_dir, tmp_path):
+def test_eval_iters_0_evaluates_every_val_token_once(data_dir, tmp_path):
+    import math
+
     import numpy as np
+    import torch.nn.functional as F
 
     from model import GPT, GPTConfig
 
@@ -359,12 +362,17 @@ def test_eval_iters_0_evaluates_the_whole_val_split(data_dir, tmp_path):
     model.eval()
     val = torch.from_numpy(np.fromfile(data_dir / "tiny" / "val.bin", dtype=np.uint16).astype(np.int64))
     T = 32
-    starts = range(0, len(val) - T, T)  # every window of the split, none overlapping
-    x = torch.stack([val[s : s + T] for s in starts])
-    y = torch.stack([val[s + 1 : s + T + 1] for s in starts])
+    losses = []
     with torch.no_grad():
-        _, loss = model(x, y)
-    assert ckpt["val_loss"] == pytest.approx(loss.item(), abs=1e-5)
+        for s in range(0, len(val) - 1, T):  # consecutive windows, the last one shorter
+            x, y = val[s : s + T], val[s + 1 : s + T + 1]
+            logits, _ = model(x[None, : len(y)])
+            losses.append(F.cross_entropy(logits[0], y, reduction="none"))
+    losses = torch.cat(losses)
+    assert len(losses) == len(val) - 1  # every token but the first, once
+    assert ckpt["val_loss"] == pytest.approx(losses.mean().item(), abs=1e-5)
+    last = read_metrics(out, "eval")[-1]
+    assert last["val_bpb"] == pytest.approx(last["val_loss"] / math.log(2), rel=1e-6)  # ASCII: a byte a token
 
 
 def test_muon_run_resumes_exactly(data_dir, tmp_path):

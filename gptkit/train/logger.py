@@ -1,12 +1,12 @@
 """Training logs: the console line, a tqdm bar, out_dir/metrics.jsonl and wandb.
 
 Rank 0 alone logs. Every record also goes to `metrics.jsonl`, one JSON object a
-line, so any tool (plot.py, a notebook, jq) can read a run without a service:
+line, so any tool (eval.py plot, a notebook, jq) can read a run without a service:
 
     {"kind": "train", "iter": 100, "loss": 1.2345, "lr": 0.001, "grad_norm": 0.85,
      "ms_per_iter": 35.2, "tokens_per_s": 12345.0, "mfu": 0.312, "train_time_s": 3.5}
-    {"kind": "eval", "iter": 250, "train_loss": 1.3, "val_loss": 1.4, "lr": 0.001,
-     "train_time_s": 9.1}
+    {"kind": "eval", "iter": 250, "train_loss": 1.3, "val_loss": 1.4, "val_bpb": 2.02,
+     "train_bpb": 1.88, "lr": 0.001, "train_time_s": 9.1}
 """
 
 import json
@@ -47,7 +47,10 @@ def format_train_line(rec, total_iters=None, eta_s=None):
 
 
 def format_eval_line(rec):
-    return f"eval {rec['iter']} | train loss {rec['train_loss']:.4f} | val loss {rec['val_loss']:.4f}"
+    line = f"eval {rec['iter']} | train loss {rec['train_loss']:.4f} | val loss {rec['val_loss']:.4f}"
+    if rec.get("val_bpb") is not None:
+        line += f" | val bpb {rec['val_bpb']:.4f}"
+    return line
 
 
 def _json_safe(value):

@@ -4,15 +4,14 @@ Reads the `metrics.jsonl` that train.py writes into each out_dir (one JSON objec
 per line, `"kind": "train"` or `"kind": "eval"`). A run that is still writing is
 fine: a cut-off last line is skipped.
 
-    python plot.py out-shakespeare-char
-    python plot.py out-baseline out-rope --out compare.png
+    python eval.py plot out-shakespeare-char
+    python eval.py plot out-baseline out-rope --out compare.png
 """
 
-import argparse
 import json
 from pathlib import Path
 
-from gptkit.errors import UserError, run_main
+from gptkit.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -106,7 +105,7 @@ def loss_figure(runs):
 def plot_runs(out_dirs, out="loss.png"):
     """Read every run's metrics and write the PNG; return its Path."""
     if not out_dirs:
-        raise UserError("give at least one run folder, e.g. python plot.py out-shakespeare-char")
+        raise UserError("give at least one run folder, e.g. python eval.py plot out-shakespeare-char")
     runs = [(label, read_metrics(d)) for label, d in zip(run_labels(out_dirs), out_dirs)]
     fig = loss_figure(runs)
     out = Path(out)
@@ -115,18 +114,3 @@ def plot_runs(out_dirs, out="loss.png"):
     fig.savefig(out, format="png", dpi=110)
     return out
 
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="plot.py", description="Plot train/val loss and learning rate of training runs."
-    )
-    parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run folders to compare")
-    parser.add_argument("--out", default="loss.png", help="PNG to write (default: %(default)s)")
-    args = parser.parse_args(argv)
-    path = plot_runs(args.out_dirs, args.out)
-    print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    run_main(main)

@@ -1,0 +1,129 @@
+"""Score checkpoints on any text, a prepared split or HellaSwag, and compare them in one table.
+
+    python eval.py out-shakespeare-char --input held_out.txt       # a text, a folder of .txt, a .jsonl
+    python eval.py out-a out-b/best.pt --dataset shakespeare_char --split val
+    python eval.py --init_from gpt2 --input held_out.txt --stride 512
+    python eval.py out-shakespeare --init_from gpt2 --hellaswag download --json results.json
+    python eval.py plot out-a out-b --out runs.png                  # loss curves from metrics.jsonl
+
+Every token of the text but each document's first is scored exactly once, by
+sliding windows of the model's block_size moved `--stride` tokens at a time (the
+default, block_size, is train.py's eval_iters=0 evaluation, so its val loss
+comes out the same; a smaller stride gives each token more context and costs
+block_size/stride times the work). Each model reads the text with its own
+tokenizer. Reported: loss (nats per token), perplexity, bits per byte (total
+nats / (ln 2 x the UTF-8 bytes of the scored tokens), comparable across
+tokenizers) and the token and byte counts; with --hellaswag FILE also HellaSwag
+accuracy in its completion form (acc: the ending with the lowest summed token
+loss; acc_norm: the lowest mean, llm.c's figure). Errors exit with code 2.
+
+`eval.py plot OUT_DIR ...` draws the training curves instead: train and val loss
+and the learning rate of each run, from its metrics.jsonl (gptkit/plot.py; needs
+matplotlib). A checkpoint folder named `plot` is written ./plot.
+"""
+
+import argparse
+import sys
+
+import torch
+
+from gptkit import evaluation, hellaswag
+from gptkit.device import DTYPES, resolve_device, training_dtype
+from gptkit.errors import run_main
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="eval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("models", nargs="*", metavar="CKPT_OR_OUT_DIR",
+                        help="checkpoint files or training out_dirs (best.pt there, else ckpt.pt)")
+    parser.add_argument("--init_from", action="append", default=[], metavar="NAME_OR_FOLDER",
+                        help="also score OpenAI's GPT-2: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a Hugging Face folder (repeatable)")
+    text = parser.add_mutually_exclusive_group()
+    text.add_argument("--input", nargs="+", metavar="PATH", help="text file, folder of .txt files, or .jsonl (a \"text\" per line)")
+    text.add_argument("--dataset", help="a dataset prepared by prepare.py (under --data_dir): score a whole split")
+    parser.add_argument("--split", choices=("val", "train"), default="val", help="with --dataset (default: %(default)s)")
+    parser.add_argument("--data_dir", default="data", help="folder holding the dataset folders (default: %(default)s)")
+    parser.add_argument("--hellaswag", metavar="FILE", help=f"{hellaswag.FILE_NAME}, or 'download' to fetch it once")
+    parser.add_argument("--stride", type=int, help="tokens the window moves each step (default: each model's block_size)")
+    parser.add_argument("--batch_size", type=int, default=8, help="windows per forward pass (default: %(default)s)")
+    parser.add_argument("--max_tokens", type=int, help="score only the first N tokens of the text or split")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPES),
+                        help="auto: bfloat16 on GPUs that have it, float32 on CPUs (default: %(default)s)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON (- for stdout, instead of the table)")
+    parser.add_argument("--no_progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    problems = []
+    if not args.models and not args.init_from:
+        problems.append("give at least one checkpoint or out_dir, or --init_from gpt2")
+    if not (args.input or args.dataset or args.hellaswag):
+        problems.append("say what to score: --input PATH, --dataset NAME or --hellaswag FILE")
+    for name, low in (("stride", 1), ("batch_size", 1), ("max_tokens", 2)):
+        value = getattr(args, name)
+        if value is not None and value < low:
+            problems.append(f"--{name} must be at least {low}, not {value}")
+    if problems:
+        parser.error("; ".join(problems))
+    return args
+
+
+def plot_main(argv):
+    """`eval.py plot OUT_DIR ... [--out FILE]`: the loss curves of training runs."""
+    from gptkit import plot
+
+    parser = argparse.ArgumentParser(
+        prog="eval.py plot", description="Plot train/val loss and learning rate of training runs (needs matplotlib)."
+    )
+    parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run folders to compare")
+    parser.add_argument("--out", default="loss.png", help="PNG to write (default: %(default)s)")
+    args = parser.parse_args(argv)
+    path = plot.plot_runs(args.out_dirs, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["plot"]:
+        return plot_main(argv[1:])
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    settings = evaluation.Settings(device, training_dtype(args.dtype, device.type), args.batch_size, args.stride,
+                                   args.max_tokens, progress=not args.no_progress)
+    # Read the inputs before loading any model: a bad file fails fast.
+    texts = evaluation.read_texts(args.input) if args.input else None
+    split = (args.data_dir, args.dataset, args.split) if args.dataset else None
+    items = hellaswag.read_items(hellaswag.resolve_file(args.hellaswag)) if args.hellaswag else None
+    source = " ".join(args.input) if args.input else f"{args.dataset}/{args.split}" if args.dataset else None
+
+    results = []
+    for spec, init_from in [(m, False) for m in args.models] + [(m, True) for m in args.init_from]:
+        candidate = evaluation.load_candidate(spec, init_from)
+        print(candidate.summary, file=sys.stderr)
+        result = evaluation.evaluate_candidate(candidate, settings, texts, split, items)
+        if result.score is not None:
+            s = result.score
+            print(f"{result.name}: {s.tokens:,} tokens in {result.seconds:.1f} s "
+                  f"({s.tokens / result.seconds:,.0f} tokens/s) on {device}", file=sys.stderr)
+        for note in result.notes:
+            print(f"{result.name}: {note}", file=sys.stderr)
+        results.append(result)
+        del candidate
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    if args.json:
+        evaluation.write_json(results, args.json, settings, source)
+    if args.json != "-":
+        if source:
+            print(f"scored: {source}" + (f" (first {args.max_tokens:,} tokens)" if args.max_tokens else ""))
+        print(evaluation.markdown_table(results))
+        if items is not None:
+            print("HellaSwag: acc picks the ending with the lowest summed token loss, acc_norm the lowest mean; chance is 25%")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,288 @@
+"""What eval.py does: load each model, score it on a text, a prepared split or HellaSwag,
+and put the results side by side (a markdown table, or JSON for scripts).
+
+Each model reads the text through its own tokenizer; the scoring itself is
+gptkit/scoring.py (sliding windows, every token once) and gptkit/hellaswag.py.
+Bits per byte makes models with different tokenizers comparable.
+"""
+
+import json
+import math
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gptkit import dataset, hellaswag, scoring
+from gptkit.checkpoint import load_checkpoint
+from gptkit.errors import UserError
+from gptkit.loading import find_checkpoint, load_model, model_from_checkpoint
+from gptkit.prepare.sources import iter_documents, resolve_inputs
+
+
+@dataclass
+class Candidate:
+    """A model to evaluate, on the CPU until it is scored."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    tokens_seen: int | None  # training tokens (iterations x tokens per iteration); None if unknown
+    summary: str
+
+    @property
+    def block_size(self):
+        return self.model.config.block_size
+
+    @property
+    def tokenizer_name(self):
+        kind = self.tokenizer.to_dict().get("type", "?")
+        return f"{kind} ({self.tokenizer.vocab_size:,})"
+
+
+@dataclass
+class Settings:
+    """How to score: shared by every model of one eval.py run."""
+
+    device: torch.device
+    dtype: torch.dtype
+    batch_size: int = 8
+    stride: int | None = None  # None: each model's block_size (no overlap, as train.py's eval_iters=0)
+    max_tokens: int | None = None
+    progress: bool = True
+
+    @property
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+
+@dataclass
+class Result:
+    name: str
+    params: int
+    tokenizer: str
+    tokens_seen: int | None
+    score: scoring.Score | None = None
+    seconds: float | None = None
+    hellaswag: dict | None = None
+    notes: list = field(default_factory=list)
+
+    def to_dict(self):
+        out = {"name": self.name, "params": self.params, "tokenizer": self.tokenizer, "tokens_seen": self.tokens_seen}
+        if self.score is not None:
+            s = self.score
+            out.update(loss=s.loss, ppl=s.ppl, bpb=s.bpb, tokens=s.tokens, bytes=s.bytes, seconds=self.seconds,
+                       tokens_per_s=s.tokens / self.seconds if self.seconds else None)
+        if self.hellaswag is not None:
+            out["hellaswag"] = {k: v for k, v in self.hellaswag.items() if k != "predictions"}
+        return out
+
+
+def load_candidate(spec, init_from=False):
+    """A Candidate from a checkpoint file or out_dir (best.pt, else ckpt.pt), or with
+    init_from from a GPT-2 name or a Hugging Face folder."""
+    if init_from:
+        model, tokenizer, summary = load_model(init_from=spec)
+        return Candidate(Path(spec).name or spec, model, tokenizer, None, summary)
+    path = Path(spec)
+    if not path.exists():
+        raise UserError(f"{spec} does not exist: give a checkpoint file or a training out_dir")
+    file = find_checkpoint(path) if path.is_dir() else path
+    ckpt = load_checkpoint(file)  # UserError for a missing, damaged or unsafe file
+    model, tokenizer, summary = model_from_checkpoint(ckpt, file)
+    return Candidate(path.name if path.is_dir() else str(path), model, tokenizer, tokens_seen(ckpt), summary)
+
+
+def tokens_seen(ckpt):
+    """Training tokens behind a checkpoint: iterations x batch_size x block_size x accumulation steps."""
+    config, iters = ckpt.get("config"), ckpt.get("iter_num")
+    if not isinstance(config, dict) or not isinstance(iters, int):
+        return None
+    try:
+        return iters * int(config["batch_size"]) * int(config["block_size"]) * int(config["gradient_accumulation_steps"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def read_texts(paths):
+    """The documents of --input (a text file, a folder of .txt, a .jsonl) as strings."""
+    return ["".join(pieces) for pieces in iter_documents(resolve_inputs(paths))]
+
+
+def encode_texts(candidate, texts, max_tokens=None):
+    """Each document's token ids with the model's tokenizer: a list of int64 arrays,
+    cut to max_tokens in all."""
+    docs, left = [], max_tokens
+    for text in texts:
+        try:
+            ids = candidate.tokenizer.encode(text)
+        except UserError as e:
+            raise UserError(f"{candidate.name}: {e}")
+        if left is not None:
+            ids, left = ids[:left], left - min(left, len(ids))
+        docs.append(np.asarray(ids, dtype=np.int64))
+        if left == 0:
+            break
+    return docs
+
+
+def progress_bar(total, settings, desc, unit):
+    """tqdm with an ETA on a terminal; None otherwise."""
+    if not settings.progress or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, leave=False)
+
+
+def score_sequences(candidate, n_tokens, read, settings, what):
+    """Score sequences of the given lengths (read(seq, start, n) gives tokens): a Score."""
+    T = candidate.block_size
+    stride = min(settings.stride or T, T)
+    windows = scoring.plan_windows(n_tokens, T, stride)
+    if len(windows) == 0:
+        raise UserError(
+            f"{what} is {sum(n_tokens)} token(s) long with {candidate.name}'s tokenizer: scoring needs at least 2 "
+            "in one document (one of context, one to predict)"
+        )
+    byte_lengths = scoring.byte_lengths_tensor(candidate.tokenizer, settings.device)
+    model = candidate.model
+    bar = progress_bar(len(windows), settings, candidate.name, "window")
+
+    def advance(done, _rounds):
+        if bar is not None:
+            bar.update(min(done * settings.batch_size, len(windows)) - bar.n)
+
+    try:
+        total = scoring.score_windows(lambda x, y: model(x, y), read, windows, T, settings.batch_size,
+                                      byte_lengths, settings.device, settings.autocast, between_batches=advance)
+    finally:
+        if bar is not None:
+            bar.close()
+    return scoring.Score.from_tensor(total)
+
+
+def score_texts(candidate, texts, settings, what="the input"):
+    docs = encode_texts(candidate, texts, settings.max_tokens)
+    return score_sequences(candidate, [len(d) for d in docs], lambda i, start, n: docs[i][start : start + n],
+                           settings, what)
+
+
+def score_split(candidate, data_dir, name, split, settings):
+    """Every token of a prepared split (data_dir/name/split.bin), read from disk window by window."""
+    meta = dataset.load_meta(data_dir, name)
+    if meta["tokenizer"] != candidate.tokenizer.to_dict():
+        raise UserError(
+            f"{candidate.name} uses a {candidate.tokenizer_name} tokenizer but dataset {name} was prepared with "
+            f"{meta['tokenizer'].get('type')} ({meta['vocab_size']:,}): score it with --input on the raw text instead"
+        )
+    tokens = dataset.TokenBin(dataset.dataset_dir(data_dir, name) / f"{split}.bin", meta["dtype"])
+    try:
+        n = tokens.n_tokens if settings.max_tokens is None else min(tokens.n_tokens, settings.max_tokens)
+        return score_sequences(candidate, [n], lambda _, start, k: tokens.read_windows([start], k)[0], settings,
+                               f"{name}/{split}.bin")
+    finally:
+        tokens.close()
+
+
+def evaluate_candidate(candidate, settings, texts=None, split=None, hellaswag_items=None):
+    """Move the model to the device, score what was asked, and free it again: a Result."""
+    result = Result(candidate.name, candidate.model.num_params(), candidate.tokenizer_name, candidate.tokens_seen)
+    model = candidate.model.to(settings.device)
+    try:
+        if texts is not None or split is not None:
+            t0 = time.perf_counter()
+            if texts is not None:
+                result.score = score_texts(candidate, texts, settings)
+            else:
+                result.score = score_split(candidate, *split, settings)
+            if settings.device.type == "cuda":
+                torch.cuda.synchronize()
+            result.seconds = time.perf_counter() - t0
+        if hellaswag_items is not None:
+            bar = progress_bar(len(hellaswag_items), settings, f"{candidate.name} HellaSwag", "item")
+            try:
+                result.hellaswag = hellaswag.evaluate(model, candidate.tokenizer, hellaswag_items, candidate.block_size,
+                                                      settings.device, settings.autocast, settings.batch_size, bar)
+            finally:
+                if bar is not None:
+                    bar.close()
+            if result.hellaswag["skipped"]:
+                result.notes.append(f"HellaSwag: {result.hellaswag['skipped']} of {len(hellaswag_items)} items skipped "
+                                    "(characters outside the vocabulary)")
+    finally:
+        candidate.model.to("cpu")
+    return result
+
+
+def _count(n):
+    if n is None:
+        return "n/a"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def _percent(x):
+    return "n/a" if math.isnan(x) else f"{100 * x:.2f}%"
+
+
+def markdown_table(results):
+    """One row per model: name, parameters, tokenizer, tokens seen, scored tokens and bytes,
+    loss, perplexity, bits per byte, HellaSwag (acc from summed, acc_norm from mean ending losses)."""
+    has_score = any(r.score is not None for r in results)
+    has_hs = any(r.hellaswag is not None for r in results)
+    head = ["model", "params", "tokenizer", "tokens seen"]
+    if has_score:
+        head += ["tokens", "bytes", "loss (nats/token)", "ppl", "bpb"]
+    if has_hs:
+        head += ["HellaSwag acc (sum)", "acc_norm (mean)", "items"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in results:
+        cells = [r.name, _count(r.params), r.tokenizer, _count(r.tokens_seen)]
+        if has_score:
+            s = r.score
+            cells += [f"{s.tokens:,}", f"{s.bytes:,}", f"{s.loss:.4f}", f"{s.ppl:.2f}", f"{s.bpb:.4f}"] if s else ["-"] * 5
+        if has_hs:
+            h = r.hellaswag
+            cells += [_percent(h["acc"]), _percent(h["acc_norm"]), f"{h['items']:,}"] if h else ["-"] * 3
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _finite(value):
+    """JSON has no NaN or Infinity: write them as null."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json(results, path, settings, source):
+    """The table's content for scripts: to a file, or stdout for '-'."""
+    doc = {
+        "source": source,
+        "device": str(settings.device),
+        "dtype": str(settings.dtype).removeprefix("torch."),
+        "stride": settings.stride,
+        "max_tokens": settings.max_tokens,
+        "models": [r.to_dict() for r in results],
+    }
+    text = json.dumps(_finite(doc), indent=2)
+    if str(path) == "-":
+        print(text)
+        return
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise UserError(f"cannot write {path}: the folder {path.parent} does not exist")
+    path.write_text(text + "\n")
