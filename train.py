@@ -33,8 +33,10 @@ from gptkit.config import parse_settings, setting, settings_dict
 from gptkit.device import DTYPES, resolve_device, training_dtype
 from gptkit.errors import RunFailed, UserError, run_main
 from gptkit.train import distributed
+from gptkit.train import fsdp
 from gptkit.train import logger
 from gptkit.train import optim
+from gptkit.train import sharded
 from gptkit.train.mfu import estimate_mfu, measure_peak
 from gptkit.train.run_state import provenance, rng_state, set_rng_state
 from gptkit.train.setup import Forward, init_model
@@ -46,6 +48,7 @@ CHOICES = {
     "optimizer": ("adamw", "muon"),
     "dtype": ("auto", *DTYPES),
     "backend": ("auto", "nccl", "gloo"),
+    "parallel": ("ddp", "fsdp"),
 }
 
 
@@ -85,6 +88,8 @@ class TrainConfig:
     min_lr: float = setting(6e-5, "final learning rate (usually learning_rate / 10)")
     cooldown_frac: float = setting(0.2, "wsd: share of lr_decay_iters spent decaying to min_lr")
     backend: str = setting("auto", "DDP backend: auto (nccl on CUDA, gloo on CPU) | nccl | gloo")
+    parallel: str = setting("ddp", "under torchrun: ddp (a full copy per rank) | fsdp (weights, gradients, optimizer sharded; out_dir/ckpt/)")
+    activation_checkpointing: bool = setting(False, "recompute each block's activations in backward: less memory, ~1/3 more compute")
     device: str = setting("auto", "auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps")
     dtype: str = setting("auto", "auto (bfloat16 where supported, else float16 on CUDA; float32 on CPU) | float32 | bfloat16 | float16")
     compile: bool | str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
@@ -159,6 +164,7 @@ def run(model_cfg, cfg, d):
         )
     local_accum = cfg.gradient_accumulation_steps // d.world_size
     ptdtype = training_dtype(cfg.dtype, device_type)
+    fsdp.check_settings(cfg.parallel, d.enabled, ptdtype)
     use_compile = cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda")
     if device_type == "cuda":  # TF32 for float32 matmuls and convolutions
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -177,16 +183,28 @@ def run(model_cfg, cfg, d):
     raw_model, model_cfg, ckpt = init_model(model_cfg, cfg, meta, out_dir)
     dataset.check_block_size(meta, model_cfg.block_size, Path(cfg.data_dir) / cfg.dataset)
     raw_model.to(device)
+    if cfg.activation_checkpointing:
+        fsdp.checkpoint_blocks(raw_model)
+    if cfg.parallel == "fsdp":  # shard in place before the optimizers see the parameters
+        if ckpt is None:  # the same initial weights on every rank (as DDP broadcasts them)
+            distributed.broadcast_params(raw_model, d)
+        fsdp.shard(raw_model, ptdtype)
     optimizers = optim.make_optimizers(raw_model, cfg, device_type)
     scaler = optim.make_scaler(ptdtype, device_type)
 
     iter_num, best_val_loss, val_loss, last_eval_iter, train_time = 0, math.inf, math.nan, -1, 0.0
     if ckpt is not None:
-        if len(ckpt["optimizer"]) != len(optimizers):
-            raise UserError(f"{out_dir}/ckpt.pt was trained with a different optimizer setting: resume with --optimizer as before")
         base_lrs = [[g["base_lr"] for g in opt.param_groups] for opt in optimizers]
-        for opt, state, bases in zip(optimizers, ckpt["optimizer"], base_lrs):
-            opt.load_state_dict(state)
+        if "sharded" in ckpt:  # out_dir/ckpt/: weights and optimizer states, resharded to this run
+            if ckpt["config"].get("optimizer") != cfg.optimizer:
+                raise UserError(f"{ckpt['sharded']} was trained with optimizer={ckpt['config'].get('optimizer')}: resume with --optimizer as before")
+            sharded.load_into(ckpt["sharded"], raw_model, optimizers)
+        else:
+            if len(ckpt["optimizer"]) != len(optimizers):
+                raise UserError(f"{out_dir}/ckpt.pt was trained with a different optimizer setting: resume with --optimizer as before")
+            for opt, state in zip(optimizers, ckpt["optimizer"]):
+                opt.load_state_dict(state)
+        for opt, bases in zip(optimizers, base_lrs):
             for g, base in zip(opt.param_groups, bases):
                 g["base_lr"] = base  # today's learning_rate settings win
         if scaler is not None and ckpt.get("scaler"):
@@ -205,7 +223,7 @@ def run(model_cfg, cfg, d):
 
     # Wrap: DDP (gradients averaged across ranks), then compile.
     module = raw_model
-    if d.enabled:
+    if d.enabled and cfg.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         # Buffers (masks, RoPE tables) are built identically on every rank: no need to
@@ -240,16 +258,27 @@ def run(model_cfg, cfg, d):
     if cfg.eval_iters == 0:  # the val loss is what is compared; a fixed train sample suffices
         eval_sets["train"] = dataset.eval_offsets(cfg.seed, "train", batches.n_tokens("train"), T, B, FULL_EVAL_TRAIN_BATCHES)
     tokens_per_iter = B * T * G
-    last_ckpt = (iter_num, out_dir / "ckpt.pt") if cfg.init_from == "resume" else None
+    ckpt_path = out_dir / ("ckpt" if cfg.parallel == "fsdp" else "ckpt.pt")
+    last_ckpt = (iter_num, ckpt_path) if cfg.init_from == "resume" else None
 
     def save(kind):
-        """ckpt.pt (everything to resume) or best.pt (weights); rank 0 writes."""
+        """ckpt.pt (everything to resume) or best.pt (weights); rank 0 writes.
+        FSDP: out_dir/ckpt/, every rank its shard (gptkit/train/sharded.py)."""
+        if cfg.parallel == "fsdp":
+            return sharded.save(kind, out_dir, raw_model, optimizers, run_info(), device, d)
         states = distributed.gather_objects({"torch": torch.get_rng_state(), "cuda": rng_state(device)["cuda"]}, d)
         if not d.is_main:
             return
-        obj = {
-            "format_version": 1,
-            "model": raw_model.state_dict(),
+        obj = {"format_version": 1, "model": raw_model.state_dict(), **run_info()}
+        if kind == "ckpt":
+            obj["optimizer"] = [opt.state_dict() for opt in optimizers]
+            obj["scaler"] = scaler.state_dict() if scaler is not None else None
+            obj["rng"] = {**rng_state(device), "per_rank": states if d.world_size > 1 else None}
+        save_checkpoint(obj, out_dir / f"{kind}.pt")
+
+    def run_info():
+        """What a checkpoint holds besides weights, optimizer and RNG: plain values."""
+        return {
             "model_config": dataclasses.asdict(model_cfg),
             "tokenizer": meta["tokenizer"],
             "config": settings,
@@ -262,11 +291,6 @@ def run(model_cfg, cfg, d):
             "dataset": cfg.dataset,
             "provenance": prov,
         }
-        if kind == "ckpt":
-            obj["optimizer"] = [opt.state_dict() for opt in optimizers]
-            obj["scaler"] = scaler.state_dict() if scaler is not None else None
-            obj["rng"] = {**rng_state(device), "per_rank": states if d.world_size > 1 else None}
-        save_checkpoint(obj, out_dir / f"{kind}.pt")
 
     stop = distributed.StopFlag().install()
     try:
@@ -285,7 +309,7 @@ def run(model_cfg, cfg, d):
                 best_val_loss = min(best_val_loss, val_loss)
                 if iter_num > 0 and (improved or cfg.always_save_checkpoint):
                     save("ckpt")
-                    last_ckpt = (iter_num, out_dir / "ckpt.pt")
+                    last_ckpt = (iter_num, ckpt_path)
                 if iter_num > 0 and improved:
                     save("best")
             if iter_num >= cfg.max_iters or cfg.eval_only:
@@ -299,7 +323,7 @@ def run(model_cfg, cfg, d):
                 chunk = d.rank * local_accum + micro
                 x, y = batches.get("train", dataset.micro_batch_offsets(offsets, B, chunk))
                 if d.enabled:  # average gradients across ranks only after the last micro-step
-                    module.require_backward_grad_sync = micro == local_accum - 1
+                    fsdp.set_gradient_sync(module, micro == local_accum - 1)
                 with autocast:
                     _, loss = forward(x, y)
                 if faults.at_step("nan_loss_at", iter_num):
@@ -319,6 +343,7 @@ def run(model_cfg, cfg, d):
                 norm = torch.nn.utils.get_total_norm([p.grad for p in params])
             # One all-reduce carries the loss sum, the norm (equal on every rank) and
             # the stop flag, so every rank makes the same decision at the same step.
+            norm = fsdp.norm_value(norm)  # FSDP: the global norm over all shards
             stats = torch.stack([loss_sum, norm.float().to(device), torch.tensor(float(stop.raised), device=device)])
             loss_total, norm_total, stops = distributed.all_reduce_sum(stats, d).tolist()
             loss_mean, grad_norm = loss_total / G, norm_total / d.world_size
@@ -353,7 +378,7 @@ def run(model_cfg, cfg, d):
             if stops > 0:
                 save("ckpt")
                 log.print(f"stopped by {stop.signal_name or 'a signal on another rank'} at iteration {iter_num}: "
-                          f"saved {out_dir / 'ckpt.pt'}; continue with --init_from=resume")
+                          f"saved {ckpt_path}; continue with --init_from=resume")
                 return 0
     finally:
         stop.uninstall()

@@ -20,7 +20,7 @@ def init_model(model_cfg, cfg, meta, out_dir):
         model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
         return GPT(model_cfg), model_cfg, None
     if cfg.init_from == "resume":
-        ckpt = load_checkpoint(Path(out_dir) / "ckpt.pt")
+        ckpt = _resume_checkpoint(Path(out_dir))
         saved = GPTConfig(**ckpt["model_config"])
         if ckpt.get("tokenizer") != meta["tokenizer"] or saved.vocab_size != meta["vocab_size"]:
             raise UserError(
@@ -35,7 +35,8 @@ def init_model(model_cfg, cfg, meta, out_dir):
             print(f"note: resuming keeps the checkpoint's model settings; ignoring {', '.join(differing)}")
         model_cfg = dataclasses.replace(saved, dropout=model_cfg.dropout)
         model = GPT(model_cfg)
-        model.load_state_dict(ckpt["model"])
+        if "model" in ckpt:  # a sharded checkpoint's weights load after sharding (train.py)
+            model.load_state_dict(ckpt["model"])
         return model, model_cfg, ckpt
     if cfg.init_from in PRETRAINED or Path(cfg.init_from).is_dir():
         from gptkit.interop.hf_gpt2 import load_gpt2
@@ -52,6 +53,18 @@ def init_model(model_cfg, cfg, meta, out_dir):
     raise UserError(
         f"init_from={cfg.init_from!r} is not scratch, resume, {', '.join(PRETRAINED)} or an existing folder"
     )
+
+
+def _resume_checkpoint(out_dir):
+    """out_dir/ckpt.pt, or the sharded out_dir/ckpt/ of an FSDP run: the newer one when both exist."""
+    from gptkit.train import sharded
+
+    folder, single = sharded.find(out_dir), out_dir / "ckpt.pt"
+    if folder is not None and (not single.is_file() or sharded.mtime(folder) >= single.stat().st_mtime):
+        if single.is_file():
+            print(f"note: resuming from {folder}, which is newer than {single}")
+        return sharded.read_run(folder)
+    return load_checkpoint(single)
 
 
 def describe_vocab(tokenizer, vocab_size):
