@@ -317,6 +317,7 @@ def run(model_cfg, cfg, d):
 
             # One optimizer step over the global batch; this rank's share of it.
             t0 = time.perf_counter()
+            faults.maybe_sigterm(iter_num)
             offsets = dataset.global_batch_offsets(cfg.seed, iter_num, batches.n_tokens("train"), T, B * G)
             loss_sum = torch.zeros((), device=device)
             for micro in range(local_accum):

@@ -6,12 +6,14 @@ variable GPT_FAULTS to a comma-separated list, e.g.
     GPT_FAULTS=nan_loss_at=5            the training loss becomes NaN at iteration 5
     GPT_FAULTS=inf_grad_at=5            a gradient becomes infinite at iteration 5
     GPT_FAULTS=exit_during_save         the process dies (os._exit) halfway through a checkpoint write
+    GPT_FAULTS=sigterm_at=5             the process sends itself SIGTERM at iteration 5 (a stop on cue)
     GPT_FAULTS=exit_during_prepare      prepare.py dies halfway through writing its bins
 
 Users never need this; it does nothing when the variable is unset.
 """
 
 import os
+import signal
 
 
 def active():
@@ -38,3 +40,9 @@ def maybe_exit(name):
 
 def maybe_exit_during_save():
     maybe_exit("exit_during_save")
+
+
+def maybe_sigterm(step):
+    """Send this process SIGTERM at step N (`sigterm_at=N`), as torchrun would forward it."""
+    if at_step("sigterm_at", step):
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -33,12 +33,14 @@ import json
 import os
 import pickle
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -80,7 +82,9 @@ def save(kind, out_dir, model, optimizers, info, device, d):
         distributed.barrier(d)
         model_sd, optim_sd = get_state_dict(model, optimizers)
         # Every rank writes its own shard file and fsyncs it; rank 0 then writes .metadata.
-        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=FileSystemWriter(tmp, sync_files=True))
+        with warnings.catch_warnings():  # one process without a process group: what we asked for
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=FileSystemWriter(tmp, sync_files=True))
         faults.maybe_exit_during_save()
         if d.is_main:
             # No GradScaler under FSDP: it trains in bf16 or fp32 (fsdp.check_settings).
@@ -181,16 +185,30 @@ def load_into(folder, model, optimizers):
     needs); a single process reads everything (no_dist)."""
     model_sd, optim_sd = get_state_dict(model, optimizers)
     state = {"model": model_sd, "optim": optim_sd}
+    load_state(folder, state)
+    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def load_state(folder, state):
+    """dcp.load into `state` (in place) through the safe reader and planner below;
+    every failure becomes a UserError naming the folder."""
     try:
-        dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(),
-                 no_dist=not (dist.is_available() and dist.is_initialized()))
+        with warnings.catch_warnings():  # loading in one process is what we asked for
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(),
+                     no_dist=not (dist.is_available() and dist.is_initialized()))
     except UserError:
         raise
-    except Exception as e:  # DCP wraps each rank's error in CheckpointException
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise UserError(f"could not load the sharded checkpoint {folder}: {type(e).__name__}: {first[:300]} "
-                        "(was it saved with other model or optimizer settings?)")
-    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+        # DCP wraps each rank's error in a CheckpointException (failures: rank -> (error, trace)).
+        inner = [f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values()]
+        for error in inner:
+            if isinstance(error, UserError):
+                raise error
+        cause = inner[0] if inner else e
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        raise UserError(f"could not load the sharded checkpoint {folder}: {type(cause).__name__}: {first[:300]} "
+                        "(was it saved with other model or optimizer settings, or is it damaged?)")
 
 
 # Everything DCP's .metadata (torch 2.13) names: its own dataclasses, torch's sizes,
@@ -247,8 +265,10 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as e:
+            # torch's message suggests weights_only=False: show only the line naming the object.
+            culprit = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line or "global" in line), "")
             raise UserError(f"refusing to load {read_item.dest_index.fqn} from a sharded checkpoint: it holds "
-                            f"pickled Python objects that could run code ({str(e).splitlines()[0][:200]})")
+                            f"pickled Python objects that could run code. {culprit[:200]}")
         # What DefaultLoadPlanner.load_bytes does after its own (unsafe) torch.load.
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
