@@ -188,6 +188,8 @@ def run(model_cfg, cfg, d):
     if cfg.parallel == "fsdp":  # shard in place before the optimizers see the parameters
         if ckpt is None:  # the same initial weights on every rank (as DDP broadcasts them)
             distributed.broadcast_params(raw_model, d)
+        elif "sharded" not in ckpt:  # a one-file checkpoint: its optimizer states by parameter name
+            ckpt["optimizer"] = sharded.optimizer_state_by_name(raw_model, cfg, device_type, ckpt["optimizer"], out_dir)
         fsdp.shard(raw_model, ptdtype)
     optimizers = optim.make_optimizers(raw_model, cfg, device_type)
     scaler = optim.make_scaler(ptdtype, device_type)
@@ -199,6 +201,8 @@ def run(model_cfg, cfg, d):
             if ckpt["config"].get("optimizer") != cfg.optimizer:
                 raise UserError(f"{ckpt['sharded']} was trained with optimizer={ckpt['config'].get('optimizer')}: resume with --optimizer as before")
             sharded.load_into(ckpt["sharded"], raw_model, optimizers)
+        elif cfg.parallel == "fsdp":
+            sharded.load_full_optimizer_state(raw_model, optimizers, ckpt["optimizer"])
         else:
             if len(ckpt["optimizer"]) != len(optimizers):
                 raise UserError(f"{out_dir}/ckpt.pt was trained with a different optimizer setting: resume with --optimizer as before")

@@ -43,7 +43,13 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
 
 from gptkit import faults
 from gptkit.checkpoint import save_checkpoint
@@ -209,6 +215,25 @@ def load_state(folder, state):
         first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
         raise UserError(f"could not load the sharded checkpoint {folder}: {type(cause).__name__}: {first[:300]} "
                         "(was it saved with other model or optimizer settings, or is it damaged?)")
+
+
+def optimizer_state_by_name(model, cfg, device_type, states, out_dir):
+    """A one-file checkpoint's optimizer states (a list, by parameter index) as one
+    dict by parameter name, for an FSDP run to cut into its shards: they are loaded
+    into optimizers of the model before it is sharded, then read back by name."""
+    from gptkit.train import optim
+
+    optimizers = optim.make_optimizers(model, cfg, device_type)
+    if len(states) != len(optimizers):
+        raise UserError(f"{out_dir}/ckpt.pt was trained with a different optimizer setting: resume with --optimizer as before")
+    for opt, state in zip(optimizers, states):
+        opt.load_state_dict(state)
+    return get_optimizer_state_dict(model, optimizers)
+
+
+def load_full_optimizer_state(model, optimizers, by_name):
+    """Every rank holds the whole `by_name` state; each keeps its shards of it."""
+    set_optimizer_state_dict(model, optimizers, by_name, options=StateDictOptions(full_state_dict=True))
 
 
 # Everything DCP's .metadata (torch 2.13) names: its own dataclasses, torch's sizes,

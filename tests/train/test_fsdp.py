@@ -69,6 +69,14 @@ def test_fsdp_equals_one_process_and_ddp_and_converts_to_a_file_sample_reads(tmp
     assert sample.returncode == 0, sample.stderr[-2000:]
     assert "ROMEO:" in sample.stdout and len(sample.stdout) > 30
 
+    # A one-file checkpoint (here DDP's ckpt.pt) resumes under FSDP: its AdamW state is cut into shards.
+    more = dict(args, max_iters=24)
+    one_process(tiny_args(data, tmp_path / "one", init_from="resume", **more))
+    ok(run_torchrun(tiny_args(data, tmp_path / "ddp", init_from="resume", parallel="fsdp", **more), cwd=tmp_path))
+    one, ddp_then_fsdp = losses_by_iter(tmp_path / "one"), losses_by_iter(tmp_path / "ddp")
+    assert max_diff(one, ddp_then_fsdp, range(20, 24)) < 1e-5, (one, ddp_then_fsdp)
+    assert sharded.read_run(tmp_path / "ddp" / "ckpt")["iter_num"] == 24
+
 
 @pytest.mark.slow
 def test_sigterm_kill_during_save_and_resume_equal_the_uninterrupted_run(tmp_path):
