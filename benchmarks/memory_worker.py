@@ -10,7 +10,6 @@ and the peak resident memory during the steps.
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 

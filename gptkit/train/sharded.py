@@ -28,7 +28,6 @@ non-tensor values with `torch.load(weights_only=True)`; tensors DCP already read
 with weights_only=True. run.json is plain JSON.
 """
 
-import io
 import json
 import os
 import pickle
@@ -277,6 +276,10 @@ class SafeReader(FileSystemReader):
 
         if not isinstance(metadata, Metadata):
             raise UserError(f"{path} does not hold DCP metadata (found {type(metadata).__name__})")
+        for info in (metadata.storage_data or {}).values():
+            name = getattr(info, "relative_path", "")
+            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                raise UserError(f"refusing to load {path}: it points outside its folder ({name!r})")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
