@@ -67,8 +67,8 @@ RUN_FILE = "run.json"
 def save(kind, out_dir, model, optimizers, info, device, d):
     """kind "ckpt": the sharded checkpoint out_dir/ckpt/; "best": weights to best.pt.
 
-    Every rank must call this (both gather or write collectively); `info` holds
-    the plain values (iteration, losses, settings, ...) and is used on rank 0."""
+    Every rank must call this (both kinds gather or write collectively); `info`
+    holds the plain values (iteration, losses, settings, ...), used on rank 0."""
     out_dir = Path(out_dir)
     if kind == "best":
         from gptkit.train.fsdp import full_weights
@@ -97,16 +97,18 @@ def save(kind, out_dir, model, optimizers, info, device, d):
                    "scaler": None, "rng": {**rngs[0], "per_rank": rngs}}
             _write_json(tmp / RUN_FILE, run)  # last: its presence marks a whole checkpoint
             _fsync(tmp)
+            if not folder.exists() and is_complete(old):  # a save died between its renames
+                os.replace(old, folder)
             shutil.rmtree(old, ignore_errors=True)
             if folder.exists():
                 os.replace(folder, old)
             os.replace(tmp, folder)
             _fsync(out_dir)
             shutil.rmtree(old, ignore_errors=True)
-    except OSError as e:
+    except (OSError, CheckpointException) as e:  # DCP wraps a rank's OSError in CheckpointException
         if d.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise RunFailed(f"could not write the sharded checkpoint {folder}: {e} (the previous checkpoint is intact)")
+        raise RunFailed(f"could not write the sharded checkpoint {folder}: {_describe(_causes(e)[0])} (the previous checkpoint is intact)")
     distributed.barrier(d)  # no rank goes on (or resumes) before the rename
 
 
@@ -205,15 +207,23 @@ def load_state(folder, state):
     except UserError:
         raise
     except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
-        # DCP wraps each rank's error in a CheckpointException (failures: rank -> (error, trace)).
-        inner = [f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values()]
-        for error in inner:
+        causes = _causes(e)
+        for error in causes:
             if isinstance(error, UserError):
                 raise error
-        cause = inner[0] if inner else e
-        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-        raise UserError(f"could not load the sharded checkpoint {folder}: {type(cause).__name__}: {first[:300]} "
+        raise UserError(f"could not load the sharded checkpoint {folder}: {_describe(causes[0])} "
                         "(was it saved with other model or optimizer settings, or is it damaged?)")
+
+
+def _causes(e):
+    """The errors inside DCP's CheckpointException (failures: rank -> (error, trace)), or [e]."""
+    inner = [f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values()]
+    return inner or [e]
+
+
+def _describe(e):
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
 
 
 def optimizer_state_by_name(model, cfg, device_type, states, out_dir):
