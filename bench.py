@@ -4,6 +4,7 @@
     python bench.py train       # ms/iter, tokens/s, MFU for the quick-start shape
     python bench.py sample      # generation tokens/s with and without the KV cache
     python bench.py speedrun    # the modern recipe vs nanoGPT's CPU settings (slow)
+    python bench.py memory      # memory per rank, DDP vs FSDP, with/without activation checkpointing
     python bench.py all         # prepare, train and sample in one go
 
 Every run first measures this machine's own fp32 matmul rate: on a CPU that is
@@ -27,6 +28,7 @@ SUITES = {
     "train": "benchmarks.bench_train",
     "sample": "benchmarks.bench_sample",
     "speedrun": "benchmarks.bench_speedrun",
+    "memory": "benchmarks.bench_memory",
 }
 ALL = ["prepare", "train", "sample"]  # speedrun takes ~15 minutes on its own
 RESULTS = Path(__file__).resolve().parent / "BENCHMARKS.md"

@@ -35,8 +35,10 @@ from gptkit.device import DTYPES, resolve_device, training_dtype
 from gptkit.errors import PeerFailed, RunFailed, UserError, run_main, same_on_every_rank
 from gptkit.tokenizer import tokenizer_from_dict
 from gptkit.train import distributed
+from gptkit.train import fsdp
 from gptkit.train import logger
 from gptkit.train import optim
+from gptkit.train import sharded
 from gptkit.train.mfu import estimate_mfu, measure_peak
 from gptkit.train.run_state import provenance, rng_state, set_rng_state
 from gptkit.train.setup import Forward, OutDir, init_model
@@ -52,6 +54,7 @@ CHOICES = {
     "optimizer": ("adamw", "muon"),
     "dtype": ("auto", *DTYPES),
     "backend": ("auto", "nccl", "gloo"),
+    "parallel": ("ddp", "fsdp"),
 }
 
 
@@ -92,6 +95,8 @@ class TrainConfig:
     min_lr: float = setting(6e-5, "final learning rate (usually learning_rate / 10)")
     cooldown_frac: float = setting(0.2, "wsd: share of lr_decay_iters spent decaying to min_lr")
     backend: str = setting("auto", "DDP backend: auto (nccl on CUDA, gloo on CPU) | nccl | gloo")
+    parallel: str = setting("ddp", "under torchrun: ddp (a full copy per rank) | fsdp (weights, gradients, optimizer sharded; out_dir/ckpt/)")
+    activation_checkpointing: bool = setting(False, "recompute each block's activations in backward: less memory, ~1/3 more compute")
     device: str = setting("auto", "auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps")
     dtype: str = setting("auto", "auto (bfloat16 where supported, else float16 on CUDA; float32 on CPU) | float32 | bfloat16 | float16")
     compile: bool | str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
@@ -191,8 +196,11 @@ def main(argv=None):
     return train(model_cfg, cfg)
 
 
-def check_resumable(ckpt, optimizers, out_dir):
-    if not isinstance(ckpt.get("optimizer"), list) or len(ckpt["optimizer"]) != len(optimizers):
+def check_resumable(ckpt, optimizers, out_dir, cfg):
+    if "sharded" in ckpt:
+        if ckpt["config"].get("optimizer") != cfg.optimizer:
+            raise UserError(f"{ckpt['sharded']} was trained with optimizer={ckpt['config'].get('optimizer')}: resume with --optimizer as before")
+    elif cfg.parallel == "ddp" and (not isinstance(ckpt.get("optimizer"), list) or len(ckpt["optimizer"]) != len(optimizers)):
         raise UserError(f"{out_dir}/ckpt.pt was trained with a different optimizer setting: resume with --optimizer as before")
     for key, kind in (("iter_num", int), ("best_val_loss", float), ("val_loss", float), ("rng", dict)):
         if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
@@ -251,6 +259,7 @@ def run(model_cfg, cfg, d, start):
     device_type = device.split(":")[0]
     local_accum = cfg.gradient_accumulation_steps // d.world_size
     ptdtype = training_dtype(cfg.dtype, device_type)
+    distributed.agreed(d, lambda: fsdp.check_settings(cfg.parallel, d.enabled, ptdtype))
     use_compile = cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda")
     if device_type == "cuda":  # TF32 for float32 matmuls and convolutions
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -270,17 +279,31 @@ def run(model_cfg, cfg, d, start):
         for warning in optim.schedule_warnings(cfg):
             print(f"warning: {warning}")
     raw_model.to(device)
+    if cfg.activation_checkpointing:
+        fsdp.checkpoint_blocks(raw_model)
+    if cfg.parallel == "fsdp":  # shard in place before the optimizers see the parameters
+        if ckpt is None:  # the same initial weights on every rank (as DDP broadcasts them)
+            distributed.broadcast_params(raw_model, d)
+        elif "sharded" not in ckpt:  # a one-file checkpoint: its optimizer states by parameter name
+            ckpt["optimizer"] = sharded.optimizer_state_by_name(raw_model, cfg, device_type, ckpt["optimizer"], out_dir)
+        fsdp.shard(raw_model, ptdtype)
     optimizers = optim.make_optimizers(raw_model, cfg, device_type)
     scaler = optim.make_scaler(ptdtype, device_type)
 
     iter_num, best_val_loss, val_loss, last_eval_iter, train_time = 0, math.inf, math.nan, -1, 0.0
     if ckpt is not None:
-        distributed.agreed(d, lambda: check_resumable(ckpt, optimizers, out_dir))
+        distributed.agreed(d, lambda: check_resumable(ckpt, optimizers, out_dir, cfg))
         # Today's settings win (learning rates, weight decay, betas, momentum): keep
         # each fresh group's hyperparameters over the ones saved with its state.
         fresh = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in optimizers]
-        for opt, state, groups in zip(optimizers, ckpt["optimizer"], fresh):
-            opt.load_state_dict(state)
+        if "sharded" in ckpt:  # out_dir/ckpt/: weights and optimizer states, resharded to this run
+            sharded.load_into(ckpt["sharded"], raw_model, optimizers)
+        elif cfg.parallel == "fsdp":
+            sharded.load_full_optimizer_state(raw_model, optimizers, ckpt["optimizer"])
+        else:
+            for opt, state in zip(optimizers, ckpt["optimizer"]):
+                opt.load_state_dict(state)
+        for opt, groups in zip(optimizers, fresh):
             for g, hyper in zip(opt.param_groups, groups):
                 g.update(hyper)
         if scaler is not None and ckpt.get("scaler"):
@@ -301,7 +324,7 @@ def run(model_cfg, cfg, d, start):
 
     # Wrap: DDP (gradients averaged across ranks), then compile.
     module = raw_model
-    if d.enabled:
+    if d.enabled and cfg.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         # Buffers (masks, RoPE tables) are built identically on every rank: no need to
@@ -338,16 +361,27 @@ def run(model_cfg, cfg, d, start):
         eval_sets["val"] = scoring.plan_windows([batches.n_tokens("val")], T, T)
     byte_lengths = eval_byte_lengths(meta, device)
     tokens_per_iter = B * T * G
-    last_ckpt = (iter_num, out_dir / "ckpt.pt") if cfg.init_from == "resume" else None
+    ckpt_path = out_dir / ("ckpt" if cfg.parallel == "fsdp" else "ckpt.pt")
+    last_ckpt = (iter_num, ckpt_path) if cfg.init_from == "resume" else None
 
     def save(kind):
-        """ckpt.pt (everything to resume) or best.pt (weights); rank 0 writes."""
+        """ckpt.pt (everything to resume) or best.pt (weights); rank 0 writes.
+        FSDP: out_dir/ckpt/, every rank its shard (gptkit/train/sharded.py)."""
+        if cfg.parallel == "fsdp":
+            return sharded.save(kind, out_dir, raw_model, optimizers, run_info(), device, d)
         states = distributed.gather_objects({"torch": torch.get_rng_state(), "cuda": rng_state(device)["cuda"]}, d)
         if not d.is_main:
             return
-        obj = {
-            "format_version": 1,
-            "model": raw_model.state_dict(),
+        obj = {"format_version": 1, "model": raw_model.state_dict(), **run_info()}
+        if kind == "ckpt":
+            obj["optimizer"] = [opt.state_dict() for opt in optimizers]
+            obj["scaler"] = scaler.state_dict() if scaler is not None else None
+            obj["rng"] = {**rng_state(device), "per_rank": states if d.world_size > 1 else None}
+        save_checkpoint(obj, out_dir / f"{kind}.pt")
+
+    def run_info():
+        """What a checkpoint holds besides weights, optimizer and RNG: plain values."""
+        return {
             "model_config": dataclasses.asdict(model_cfg),
             "tokenizer": meta["tokenizer"],
             "config": settings,
@@ -360,11 +394,6 @@ def run(model_cfg, cfg, d, start):
             "dataset": cfg.dataset,
             "provenance": prov,
         }
-        if kind == "ckpt":
-            obj["optimizer"] = [opt.state_dict() for opt in optimizers]
-            obj["scaler"] = scaler.state_dict() if scaler is not None else None
-            obj["rng"] = {**rng_state(device), "per_rank": states if d.world_size > 1 else None}
-        save_checkpoint(obj, out_dir / f"{kind}.pt")  # refuses NaN/inf weights or optimizer state
 
     def fail(what):
         """Stop the run (every rank gets here alike: rank 0 reports, the others stop quietly)."""
@@ -380,7 +409,7 @@ def run(model_cfg, cfg, d, start):
         elapsed = logger.format_duration(time.monotonic() - start)
         if save_now and iter_num > 0:
             save("ckpt")
-            log.print(f"stopped by {by} {when}: saved {out_dir / 'ckpt.pt'} (iteration {iter_num}); "
+            log.print(f"stopped by {by} {when}: saved {ckpt_path} (iteration {iter_num}); "
                       f"continue with --init_from=resume ({elapsed} in all)")
         else:
             log.print(f"stopped by {by} {when}: nothing trained yet, nothing saved ({elapsed} in all)")
@@ -409,7 +438,7 @@ def run(model_cfg, cfg, d, start):
                 best_val_loss = min(best_val_loss, val_loss)
                 if iter_num > 0 and (improved or cfg.always_save_checkpoint):
                     save("ckpt")
-                    last_ckpt = (iter_num, out_dir / "ckpt.pt")
+                    last_ckpt = (iter_num, ckpt_path)
                 if iter_num > 0 and improved:
                     save("best")
             if iter_num >= cfg.max_iters or cfg.eval_only:
@@ -417,13 +446,14 @@ def run(model_cfg, cfg, d, start):
 
             # One optimizer step over the global batch; this rank's share of it.
             t0 = time.perf_counter()
+            faults.maybe_sigterm(iter_num)
             offsets = dataset.global_batch_offsets(cfg.seed, iter_num, batches.n_tokens("train"), T, B * G)
             loss_sum = torch.zeros((), device=device)
             for micro in range(local_accum):
                 chunk = d.rank * local_accum + micro
                 x, y = batches.get("train", dataset.micro_batch_offsets(offsets, B, chunk))
                 if d.enabled:  # average gradients across ranks only after the last micro-step
-                    module.require_backward_grad_sync = micro == local_accum - 1
+                    fsdp.set_gradient_sync(module, micro == local_accum - 1)
                 with autocast:
                     _, loss = forward(x, y)
                 faults.maybe_fail(iter_num)
@@ -444,6 +474,7 @@ def run(model_cfg, cfg, d, start):
                 norm = torch.nn.utils.get_total_norm([p.grad for p in params])
             # One all-reduce carries the loss sum, the norm (equal on every rank) and
             # the stop flag, so every rank makes the same decision at the same step.
+            norm = fsdp.norm_value(norm)  # FSDP: the global norm over all shards
             stats = torch.stack([loss_sum, norm.float().to(device), torch.tensor(float(stop.raised), device=device)])
             loss_total, norm_total, stops = distributed.all_reduce_sum(stats, d).tolist()
             loss_mean, grad_norm = loss_total / G, norm_total / d.world_size

@@ -6,6 +6,7 @@ variable GPT_FAULTS to a comma-separated list, e.g.
     GPT_FAULTS=nan_loss_at=5            the training loss becomes NaN at iteration 5
     GPT_FAULTS=inf_grad_at=5            a gradient becomes infinite at iteration 5
     GPT_FAULTS=exit_during_save         the process dies (os._exit) halfway through a checkpoint write
+    GPT_FAULTS=sigterm_at=5             the process sends itself SIGTERM at iteration 5 (a stop on cue)
     GPT_FAULTS=exit_during_prepare      prepare.py dies halfway through writing its bins
     GPT_FAULTS=fail_at=3,fail_rank=1    rank 1 raises a RuntimeError in its forward pass at iteration 3
     GPT_FAULTS=fail_at=3,fail_kind=user the same as a UserError (a bad batch), on every rank without fail_rank
@@ -14,6 +15,7 @@ Users never need this; it does nothing when the variable is unset.
 """
 
 import os
+import signal
 
 
 def active():
@@ -54,3 +56,9 @@ def maybe_fail(step):
 
         raise UserError(f"injected user error at iteration {step} (GPT_FAULTS)")
     raise RuntimeError(f"injected failure at iteration {step} (GPT_FAULTS)")
+
+
+def maybe_sigterm(step):
+    """Send this process SIGTERM at step N (`sigterm_at=N`), as torchrun would forward it."""
+    if at_step("sigterm_at", step):
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -107,3 +107,12 @@ def run_train_subprocess(args, timeout=180, **env):
         text=True,
         timeout=timeout,
     )
+
+
+def run_torchrun(args, nproc=2, timeout=300, cwd=None, **env):
+    """train.py under torchrun with `nproc` gloo ranks on this CPU."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+         str(REPO / "train.py"), *args],
+        cwd=cwd or REPO, env=subprocess_env(**env), capture_output=True, text=True, timeout=timeout,
+    )

@@ -141,6 +141,13 @@ def barrier(d):
         dist.barrier()
 
 
+def broadcast_params(model, d):
+    """Rank 0's parameters on every rank (DDP does this itself when it wraps a model)."""
+    if d.enabled:
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+
+
 def gather_objects(obj, d):
     """Every rank's `obj` as a list on every rank (plain values only)."""
     if not d.enabled:

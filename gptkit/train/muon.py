@@ -17,7 +17,8 @@ both optimizers from it, e.g. when training with
 
 Under DDP the gradients are already averaged across ranks before `step()`, so
 every rank computes the same update from the same numbers: this optimizer
-needs no communication of its own.
+needs no communication of its own. Under FSDP each rank holds a shard of every
+matrix: `orthogonalize_whole` gathers the matrix first (one all-gather each).
 """
 
 import torch
@@ -60,6 +61,22 @@ def orthogonalize(G, steps=5):
     if tall:
         X = X.mT  # (rows, cols)
     return X.to(G.dtype)
+
+
+def orthogonalize_whole(G, steps=5):
+    """orthogonalize(G), also when G is an FSDP shard (a DTensor).
+
+    Newton–Schulz needs the whole matrix: gather it, orthogonalise it on every
+    rank (the same numbers everywhere, as under DDP, which also orthogonalises
+    every matrix on every rank), and keep this rank's rows of the result. One
+    all-gather per matrix and one whole matrix in memory at a time."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(G, DTensor):
+        return orthogonalize(G, steps)
+    whole = orthogonalize(G.full_tensor(), steps)  # (rows, cols)
+    # src_data_rank=None: every rank cuts its own shard from its own copy, no traffic.
+    return distribute_tensor(whole, G.device_mesh, G.placements, src_data_rank=None)
 
 
 class Muon(torch.optim.Optimizer):
@@ -122,7 +139,7 @@ class Muon(torch.optim.Optimizer):
                 buf.lerp_(g, 1 - beta)
                 # Nesterov: step along (1 - beta)·g + beta·buf, a look-ahead.
                 direction = g.lerp(buf, beta) if group["nesterov"] else buf
-                update = orthogonalize(direction, steps=group["ns_steps"])
+                update = orthogonalize_whole(direction, steps=group["ns_steps"])
                 # Scale by sqrt(max(1, rows/cols)) so tall matrices (e.g. the
                 # MLP's c_fc, 4C x C) get an update whose per-element size
                 # matches a square one's (Keller Jordan's Muon, muon_update).

@@ -3,6 +3,7 @@
 torch.compile with an eager fallback."""
 
 import dataclasses
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.errors import UserError
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
+from gptkit.train import sharded
 from model import GPT, GPTConfig
 
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -23,7 +25,7 @@ def init_model(model_cfg, cfg, meta, out_dir):
         model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
         return GPT(model_cfg), model_cfg, None
     if cfg.init_from == "resume":
-        ckpt = load_checkpoint(Path(out_dir) / "ckpt.pt")
+        ckpt = _resume_checkpoint(Path(out_dir))
         saved = GPTConfig(**ckpt["model_config"])
         if ckpt.get("tokenizer") != meta["tokenizer"] or saved.vocab_size != meta["vocab_size"]:
             raise UserError(
@@ -41,7 +43,8 @@ def init_model(model_cfg, cfg, meta, out_dir):
         if bad:
             raise UserError(f"{bad[0]} holds NaN or inf: this checkpoint cannot be resumed; start again or use another")
         model = GPT(model_cfg)
-        model.load_state_dict(ckpt["model"])
+        if "model" in ckpt:  # a sharded checkpoint's weights load after sharding (train.py)
+            model.load_state_dict(ckpt["model"])
         return model, model_cfg, ckpt
     if cfg.init_from in PRETRAINED or Path(cfg.init_from).is_dir():
         from gptkit.interop.hf_gpt2 import load_gpt2
@@ -58,6 +61,16 @@ def init_model(model_cfg, cfg, meta, out_dir):
     raise UserError(
         f"init_from={cfg.init_from!r} is not scratch, resume, {', '.join(PRETRAINED)} or an existing folder"
     )
+
+
+def _resume_checkpoint(out_dir):
+    """out_dir/ckpt.pt, or the sharded out_dir/ckpt/ of an FSDP run: the newer one when both exist."""
+    folder, single = sharded.find(out_dir), out_dir / "ckpt.pt"
+    if folder is not None and (not single.is_file() or sharded.mtime(folder) >= single.stat().st_mtime):
+        if single.is_file():
+            print(f"note: resuming from {folder}, which is newer than {single}")
+        return sharded.read_run(folder)
+    return load_checkpoint(single)
 
 
 def describe_vocab(tokenizer, vocab_size):
@@ -117,6 +130,9 @@ class OutDir:
             raise UserError(f"cannot use out_dir {self.path}: {e.strerror or e}")
         try:
             removed = remove_stale_temps(self.path)
+            if (self.path / sharded.TEMP).is_dir():  # a sharded save that died: we hold the lock, so no one writes it
+                shutil.rmtree(self.path / sharded.TEMP)
+                removed.append(sharded.TEMP)
             if removed:
                 print(f"removed {len(removed)} temporary file(s) left in {self.path} by a run that was killed")
             if cfg.init_from != "resume":
@@ -126,7 +142,7 @@ class OutDir:
             raise
 
     def _make_room(self, overwrite):
-        held = [name for name in ("ckpt.pt", "best.pt") if (self.path / name).exists()]
+        held = [name for name in ("ckpt.pt", "best.pt", sharded.FOLDER, sharded.OLD) if (self.path / name).exists()]
         if held and not overwrite:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime((self.path / held[0]).stat().st_mtime))
             raise UserError(
@@ -135,12 +151,14 @@ class OutDir:
             )
         for name in self.RUN_FILES:  # a run that saved no checkpoint leaves only logs: start them afresh
             (self.path / name).unlink(missing_ok=True)
+        for name in (sharded.FOLDER, sharded.OLD):  # --overwrite: an FSDP run's shards go too
+            shutil.rmtree(self.path / name, ignore_errors=True)
 
     def release(self, ok=True):
         """Let go of the out_dir. A run that failed before saving any checkpoint takes
         its config.json and metrics.jsonl with it, and the folder if it made it."""
         try:
-            if not ok and not any((self.path / name).exists() for name in ("ckpt.pt", "best.pt")):
+            if not ok and not any((self.path / name).exists() for name in ("ckpt.pt", "best.pt", sharded.FOLDER, sharded.OLD)):
                 for name in self.RUN_FILES:
                     (self.path / name).unlink(missing_ok=True)
         finally:
