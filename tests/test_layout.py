@@ -9,7 +9,7 @@ import textwrap
 
 from repo import REPO
 
-ROOT_SCRIPTS = {"prepare.py", "train.py", "sample.py", "model.py", "lab.py", "bench.py", "params.py", "plot.py"}
+ROOT_SCRIPTS = {"prepare.py", "train.py", "sample.py", "model.py", "lab.py", "bench.py", "convert.py", "plot.py"}
 
 
 def package_modules():
