@@ -37,7 +37,7 @@ from gptkit.train import logger
 from gptkit.train import optim
 from gptkit.train.mfu import estimate_mfu, measure_peak
 from gptkit.train.run_state import provenance, rng_state, set_rng_state
-from gptkit.train.setup import Forward, init_model
+from gptkit.train.setup import Forward, embedding_heavy_note, init_model
 from model import GPTConfig
 
 FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
@@ -222,6 +222,8 @@ def run(model_cfg, cfg, d):
     if d.is_main:
         print("settings: " + textwrap.fill("  ".join(f"{k}={v}" for k, v in settings.items()), 100, subsequent_indent="  "))
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters | world size {d.world_size} | {device} {settings['dtype']} | compile {use_compile}")
+        if note := embedding_heavy_note(raw_model, cfg.init_from):
+            print(note)
     if write:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.json").write_text(json.dumps(settings, indent=2) + "\n")
