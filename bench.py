@@ -6,8 +6,9 @@
     python bench.py speedrun    # the modern recipe vs nanoGPT's CPU settings (slow)
     python bench.py all         # prepare, train and sample in one go
 
-Every run first measures this machine's own fp32 matmul rate: on a CPU that is
-the peak MFU is reported against (there is no datasheet number to use).
+Every run first measures this machine's own fp32 matmul rate: on a CPU the best
+such rate measured here (cached, as train.py does) is the peak MFU is reported
+against (there is no datasheet number to use).
 Comparisons are made as ratios inside one run, because shared machines are
 noisy: two numbers measured minutes apart are not comparable, a ratio is.
 Add --no-record to print without touching BENCHMARKS.md.
@@ -53,7 +54,7 @@ def header_lines(command, peak_flops):
     return [
         f"### {datetime.datetime.now():%Y-%m-%d %H:%M} — `{command}`",
         "",
-        f"Machine: {machine}. Measured fp32 matmul peak: {peak_flops / 1e9:,.1f} GFLOP/s.",
+        f"Machine: {machine}. fp32 matmul peak (best measured on this machine): {peak_flops / 1e9:,.1f} GFLOP/s.",
         "",
     ]
 
@@ -62,9 +63,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    from gptkit.train.mfu import measure_matmul_flops
+    from gptkit.train.mfu import cpu_peak_flops
 
-    peak = measure_matmul_flops("cpu")
+    peak = cpu_peak_flops()  # the peak train.py's MFU uses: the best measured on this machine
     command = "python bench.py " + " ".join(shlex.quote(a) for a in argv)
     lines = header_lines(command, peak)
     print("\n".join(lines))

@@ -11,6 +11,9 @@ out_dir/ckpt.pt (to resume) and out_dir/best.pt (best val loss) atomically, and
 logs to the console and out_dir/metrics.jsonl. SIGINT/SIGTERM stop at a step
 boundary with a checkpoint saved (exit 0); a non-finite loss or gradient stops
 before the optimizer step (exit 1); a bad setting or missing data exits 2.
+The log's mfu is 6N + 12·L·T·d FLOPs per token against the GPU's datasheet bf16
+peak, or on a CPU the best fp32 matmul rate measured on this machine (cached in
+~/.cache/gptkit/cpu_peak.json; see gptkit/train/mfu.py).
 Run `python train.py --help` for every setting.
 """
 
