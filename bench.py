@@ -11,7 +11,7 @@ such rate measured here (cached, as train.py does) is the peak MFU is reported
 against (there is no datasheet number to use).
 Comparisons are made as ratios inside one run, because shared machines are
 noisy: two numbers measured minutes apart are not comparable, a ratio is.
-Add --no-record to print without touching BENCHMARKS.md.
+Add --no_record (before or after the suite) to print without touching BENCHMARKS.md.
 """
 
 import argparse
@@ -37,13 +37,21 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--no-record", action="store_true", help="do not append to BENCHMARKS.md")
+    add_common_arguments(parser, argparse.SUPPRESS)  # before the suite: bench.py --no_record train
     sub = parser.add_subparsers(dest="suite", required=True)
     for name, module_name in SUITES.items():
         sub_parser = sub.add_parser(name, help=f"run the {name} benchmark")
+        add_common_arguments(sub_parser, argparse.SUPPRESS)  # or after it: bench.py train --no_record
         importlib.import_module(module_name).add_arguments(sub_parser)
-    sub.add_parser("all", help="run " + ", ".join(ALL) + " with their defaults")
+    add_common_arguments(sub.add_parser("all", help="run " + ", ".join(ALL) + " with their defaults"), argparse.SUPPRESS)
     return parser
+
+
+def add_common_arguments(parser, default):
+    # SUPPRESS: a flag not given on one side never overwrites the other's (argparse
+    # would reset it to False); main reads it with getattr. --no-record is the older spelling.
+    parser.add_argument("--no_record", "--no-record", action="store_true", default=default,
+                        help="do not append to BENCHMARKS.md")
 
 
 def header_lines(command, peak_flops):
@@ -82,7 +90,7 @@ def main(argv=None):
             text = table.to_markdown()
             print(text + "\n", flush=True)
             lines += [text, ""]
-    if not args.no_record:
+    if not getattr(args, "no_record", False):
         with open(RESULTS, "a") as f:
             f.write("\n".join(lines) + "\n")
         print(f"appended to {RESULTS.name}")

@@ -4,7 +4,7 @@ Reads the `metrics.jsonl` that train.py writes into each out_dir (one JSON objec
 per line, `"kind": "train"` or `"kind": "eval"`). A run that is still writing is
 fine: a cut-off last line is skipped.
 
-    python plot.py out-shakespeare-char
+    python plot.py out-shakespeare-char                 # -> out-shakespeare-char/loss.png
     python plot.py out-baseline out-rope --out compare.png
 """
 
@@ -103,13 +103,14 @@ def loss_figure(runs):
     return fig
 
 
-def plot_runs(out_dirs, out="loss.png"):
-    """Read every run's metrics and write the PNG; return its Path."""
+def plot_runs(out_dirs, out=None):
+    """Read every run's metrics and write the PNG (by default loss.png in the first
+    run's folder, beside its metrics.jsonl); return its Path."""
     if not out_dirs:
         raise UserError("give at least one run folder, e.g. python plot.py out-shakespeare-char")
     runs = [(label, read_metrics(d)) for label, d in zip(run_labels(out_dirs), out_dirs)]
     fig = loss_figure(runs)
-    out = Path(out)
+    out = Path(out) if out else Path(out_dirs[0]) / "loss.png"
     if not out.parent.is_dir():
         raise UserError(f"cannot write {out}: the folder {out.parent} does not exist")
     fig.savefig(out, format="png", dpi=110)
@@ -121,7 +122,7 @@ def main(argv=None):
         prog="plot.py", description="Plot train/val loss and learning rate of training runs."
     )
     parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run folders to compare")
-    parser.add_argument("--out", default="loss.png", help="PNG to write (default: %(default)s)")
+    parser.add_argument("--out", default=None, help="PNG to write (default: loss.png in the first OUT_DIR)")
     args = parser.parse_args(argv)
     path = plot_runs(args.out_dirs, args.out)
     print(f"wrote {path}")
