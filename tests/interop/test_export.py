@@ -12,7 +12,7 @@ import torch
 import convert
 from gptkit.checkpoint import FORMAT_VERSION, save_checkpoint
 from gptkit.errors import UserError
-from gptkit.interop import hf_tokenizer
+from gptkit.interop import hf_gpt2, hf_tokenizer
 from gptkit.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
 from repo import REPO
@@ -65,6 +65,9 @@ def test_gpt2_shaped_run_exports_with_equal_logits_and_char_tokenizer(tmp_path):
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "gpt2"
     idx = torch.randint(0, len(CHARS), (2, 32))
     assert (hf_logits(tmp_path / "hf", idx) - our_logits(model, idx)).abs().max().item() < 1e-5
+    again = hf_gpt2.load_gpt2(tmp_path / "hf").eval()  # transformers' "gelu" reads back as gelu_exact
+    assert again.config.mlp == "gelu_exact"
+    assert (our_logits(again, idx) - our_logits(model, idx)).abs().max().item() < 1e-5
 
     text = "First Citizen:\nBefore we proceed, hear me!\n"
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
