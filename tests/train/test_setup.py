@@ -1,6 +1,8 @@
 """gptkit/train/setup.py: the note for a model that is mostly embedding (a large
 vocabulary on a small model), shown by train.py at start."""
 
+import torch
+
 import train
 from gptkit.config import read_config_file
 from gptkit.train.setup import embedding_heavy_note
@@ -12,7 +14,7 @@ from train_helpers import tiny_args, write_char_dataset
 def quick_start_model(vocab_size):
     values = read_config_file(REPO / "configs" / "shakespeare.py")
     fields = {k: v for k, v in values.items() if k in GPTConfig.__dataclass_fields__}
-    with __import__("torch").device("meta"):  # shapes only
+    with torch.device("meta"):  # shapes only
         return GPT(GPTConfig(**{**fields, "vocab_size": vocab_size}))
 
 
