@@ -7,7 +7,7 @@ device, so shapes exist but no memory is allocated: a 7B-shaped config counts in
 
     python lab.py params configs/gpt2.py          # 124,439,808
     python lab.py params configs/llama2_7b.py     # 6,738,415,616
-    python lab.py params configs/shakespeare.py   # 796,544 with data/shakespeare_char prepared
+    python lab.py params configs/shakespeare.py   # 804,480 once data/shakespeare_char is prepared
     python lab.py params --n_layer=6 --n_head=6 --n_embd=384 --vocab_size=65 --block_size=256
 
 A config file may hold training settings too; only the GPTConfig fields are used, and
