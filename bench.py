@@ -7,11 +7,12 @@
     python bench.py memory      # memory per rank, DDP vs FSDP, with/without activation checkpointing
     python bench.py all         # prepare, train and sample in one go
 
-Every run first measures this machine's own fp32 matmul rate: on a CPU that is
-the peak MFU is reported against (there is no datasheet number to use).
+Every run first measures this machine's own fp32 matmul rate: on a CPU the best
+such rate measured here (cached, as train.py does) is the peak MFU is reported
+against (there is no datasheet number to use).
 Comparisons are made as ratios inside one run, because shared machines are
 noisy: two numbers measured minutes apart are not comparable, a ratio is.
-Add --no-record to print without touching BENCHMARKS.md.
+Add --no_record (before or after the suite) to print without touching BENCHMARKS.md.
 """
 
 import argparse
@@ -38,13 +39,21 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--no-record", action="store_true", help="do not append to BENCHMARKS.md")
+    add_common_arguments(parser, argparse.SUPPRESS)  # before the suite: bench.py --no_record train
     sub = parser.add_subparsers(dest="suite", required=True)
     for name, module_name in SUITES.items():
         sub_parser = sub.add_parser(name, help=f"run the {name} benchmark")
+        add_common_arguments(sub_parser, argparse.SUPPRESS)  # or after it: bench.py train --no_record
         importlib.import_module(module_name).add_arguments(sub_parser)
-    sub.add_parser("all", help="run " + ", ".join(ALL) + " with their defaults")
+    add_common_arguments(sub.add_parser("all", help="run " + ", ".join(ALL) + " with their defaults"), argparse.SUPPRESS)
     return parser
+
+
+def add_common_arguments(parser, default):
+    # SUPPRESS: a flag not given on one side never overwrites the other's (argparse
+    # would reset it to False); main reads it with getattr. --no-record is the older spelling.
+    parser.add_argument("--no_record", "--no-record", action="store_true", default=default,
+                        help="do not append to BENCHMARKS.md")
 
 
 def header_lines(command, peak_flops):
@@ -55,7 +64,7 @@ def header_lines(command, peak_flops):
     return [
         f"### {datetime.datetime.now():%Y-%m-%d %H:%M} — `{command}`",
         "",
-        f"Machine: {machine}. Measured fp32 matmul peak: {peak_flops / 1e9:,.1f} GFLOP/s.",
+        f"Machine: {machine}. fp32 matmul peak (best measured on this machine): {peak_flops / 1e9:,.1f} GFLOP/s.",
         "",
     ]
 
@@ -64,9 +73,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    from gptkit.train.mfu import measure_matmul_flops
+    from gptkit.train.mfu import cpu_peak_flops
 
-    peak = measure_matmul_flops("cpu")
+    peak = cpu_peak_flops()  # the peak train.py's MFU uses: the best measured on this machine
     command = "python bench.py " + " ".join(shlex.quote(a) for a in argv)
     lines = header_lines(command, peak)
     print("\n".join(lines))
@@ -83,7 +92,7 @@ def main(argv=None):
             text = table.to_markdown()
             print(text + "\n", flush=True)
             lines += [text, ""]
-    if not args.no_record:
+    if not getattr(args, "no_record", False):
         with open(RESULTS, "a") as f:
             f.write("\n".join(lines) + "\n")
         print(f"appended to {RESULTS.name}")

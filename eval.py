@@ -77,7 +77,7 @@ def plot_main(argv):
         prog="eval.py plot", description="Plot train/val loss and learning rate of training runs (needs matplotlib)."
     )
     parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run folders to compare")
-    parser.add_argument("--out", default="loss.png", help="PNG to write (default: %(default)s)")
+    parser.add_argument("--out", default=None, help="PNG to write (default: loss.png in the first OUT_DIR)")
     args = parser.parse_args(argv)
     path = plot.plot_runs(args.out_dirs, args.out)
     print(f"wrote {path}")

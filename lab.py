@@ -7,9 +7,10 @@ triangle turn from -inf into numbers (mask off is BERT-style bidirectional
 attention). Keys are read as lines from stdin, so a pipe can drive it too:
 
     python lab.py                          # Enter next, m mask, b back, q quit
-    python lab.py --text "a b c d e" --no-interactive
+    python lab.py --text "a b c d e" --no_interactive
     printf '\\n\\nm\\nq\\n' | python lab.py
     python lab.py --scaling                # why the scores are divided by √d_k
+    python lab.py params configs/gpt2.py   # where GPT-2's 124M parameters are (gptkit/params.py)
 """
 
 import argparse
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gptkit import params
 from gptkit.errors import UserError, run_main
 from model import CausalSelfAttention, GPTConfig, reference_attention
 
@@ -258,13 +260,20 @@ def scaling_report(dims=(4, 64, 128), samples=4096, T=16, seed=0):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["params"]:  # a sub-command with nanoGPT-style settings of its own
+        rest = argv[1:]
+        print(params.usage() if "-h" in rest or "--help" in rest else params.report_from_argv(rest))
+        return 0
     parser = argparse.ArgumentParser(
-        prog="lab.py", description="Step through self-attention on five words (d=4)."
+        prog="lab.py", description="Step through self-attention on five words (d=4).",
+        epilog="python lab.py params CONFIG.py [--key=value ...]: parameter counts per component "
+        "(python lab.py params --help)",
     )
     parser.add_argument("--text", default=DEFAULT_TEXT, help="the words (default: %(default)r)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the embeddings and weights")
-    parser.add_argument(
-        "--no-interactive", action="store_true", help="print every stage, mask on and off"
+    parser.add_argument(  # the hyphen spelling is the older one, kept for scripts
+        "--no_interactive", "--no-interactive", action="store_true", help="print every stage, mask on and off"
     )
     parser.add_argument(
         "--scaling", action="store_true", help="show the √d_k effect for d_k = 4, 64, 128"

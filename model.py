@@ -16,7 +16,7 @@ One forward pass, for token ids idx of shape (B, T):
     logits = lm_head(norm(x))                      # (B, T, vocab_size)
 
     python -c "import torch, model; m = model.GPT(model.GPTConfig(n_layer=2, n_head=2, n_embd=64)); print(m(torch.zeros(1, 8, dtype=torch.long))[0].shape)"
-    python params.py configs/gpt2.py        # where the 124M parameters are
+    python lab.py params configs/gpt2.py    # where the 124M parameters are
 """
 
 import math

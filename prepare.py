@@ -64,11 +64,14 @@ def build_parser():
     parser.add_argument(
         "--tokenizer", metavar="{char,gpt2}", help="char (one id per distinct character) or gpt2 (tiktoken BPE)"
     )
-    parser.add_argument("--name", help="output folder name under --out_dir (with your own --input)")
+    parser.add_argument("--name", help="output folder name under --data_dir (with your own --input)")
     parser.add_argument(
         "--val_fraction", type=float, default=None, metavar="F", help="share held out for validation (default 0.1)"
     )
-    parser.add_argument("--out_dir", default="data", metavar="DIR", help="where dataset folders go (default data)")
+    parser.add_argument(  # train.py's name for it; --out_dir is the older spelling, kept for scripts
+        "--data_dir", "--out_dir", dest="data_dir", default="data", metavar="DIR",
+        help="where dataset folders go, as train.py's --data_dir (default data; --out_dir also works)",
+    )
     parser.add_argument(
         "--errors",
         default="strict",
@@ -95,7 +98,7 @@ def main(argv=None):
         if args.input is not None and len(args.input) != 1:
             raise UserError(f"{args.dataset} takes one --input file (a copy of Tiny Shakespeare)")
         input_path = args.input[0] if args.input else None
-        prepare_named_dataset(args.dataset, args.out_dir, input_path, workers=args.workers, progress=progress)
+        prepare_named_dataset(args.dataset, args.data_dir, input_path, workers=args.workers, progress=progress)
         return 0
     if args.input is None:
         raise UserError(
@@ -105,12 +108,12 @@ def main(argv=None):
     if args.tokenizer is None:
         raise UserError("--input needs --tokenizer char or --tokenizer gpt2")
     if args.name is None:
-        raise UserError("--input needs --name NAME: the dataset goes to <out_dir>/NAME")
+        raise UserError("--input needs --name NAME: the dataset goes to <data_dir>/NAME")
     prepare_dataset(
         args.input,
         args.tokenizer,
         args.name,
-        args.out_dir,
+        args.data_dir,
         0.1 if args.val_fraction is None else args.val_fraction,
         args.errors,
         args.workers,

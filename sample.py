@@ -69,7 +69,7 @@ class SampleConfig:
     num_samples: int = setting(10, "samples to generate, together as one batch")
     max_new_tokens: int = setting(500, "tokens to generate per sample")
     temperature: float = setting(0.8, "1.0 samples the model's distribution; lower is more conservative; 0 is greedy")
-    top_k: int | None = setting(200, "sample only among the k most likely tokens (none: no limit)")
+    top_k: int | None = setting(200, "sample only among the k most likely tokens (0 or none: no limit)")
     top_p: float | None = setting(None, "nucleus sampling: the smallest set of tokens with this much probability")
     min_p: float | None = setting(None, "drop tokens less likely than min_p times the most likely one")
     repetition_penalty: float = setting(1.0, "above 1 makes tokens already present less likely (CTRL)")

@@ -11,6 +11,9 @@ out_dir/ckpt.pt (to resume) and out_dir/best.pt (best val loss) atomically, and
 logs to the console and out_dir/metrics.jsonl. SIGINT/SIGTERM stop at a step
 boundary with a checkpoint saved (exit 0); a non-finite loss or gradient stops
 before the optimizer step (exit 1); a bad setting or missing data exits 2.
+The log's mfu is 6N + 12·L·T·d FLOPs per token against the GPU's datasheet bf16
+peak, or on a CPU the best fp32 matmul rate measured on this machine (cached in
+~/.cache/gptkit/cpu_peak.json; see gptkit/train/mfu.py).
 Run `python train.py --help` for every setting.
 """
 
@@ -41,7 +44,7 @@ from gptkit.train import optim
 from gptkit.train import sharded
 from gptkit.train.mfu import estimate_mfu, measure_peak
 from gptkit.train.run_state import provenance, rng_state, set_rng_state
-from gptkit.train.setup import Forward, OutDir, init_model
+from gptkit.train.setup import Forward, OutDir, embedding_heavy_note, init_model
 from model import GPTConfig
 
 FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
@@ -341,6 +344,8 @@ def run(model_cfg, cfg, d, start):
     if d.is_main:
         print("settings: " + textwrap.fill("  ".join(f"{k}={v}" for k, v in settings.items()), 100, subsequent_indent="  "))
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters | world size {d.world_size} | {device} {settings['dtype']} | compile {use_compile}")
+        if note := embedding_heavy_note(raw_model, cfg.init_from):
+            print(note)
     if write and cfg.init_from == "resume":
         logger.trim_metrics(out_dir / "metrics.jsonl", iter_num)
     log = logger.Logger(cfg, out_dir, d.is_main, cfg.max_iters, iter_num, settings, write_files=write)

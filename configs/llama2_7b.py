@@ -3,7 +3,7 @@
 # each sublayer, rotary positions, no biases, separate input and output embeddings,
 # a 32,000-token vocabulary and a 4,096-token context.
 #
-#     python params.py configs/llama2_7b.py      # 6,738,415,616 parameters
+#     python lab.py params configs/llama2_7b.py  # 6,738,415,616 parameters
 #
 # Model shape only: far too big to train on one GPU with this project.
 block_size = 4096

@@ -81,12 +81,18 @@ def parse_value(text, tp):
             return False
         raise ValueError("expected true/false/1/0")
     if inner is int:
-        as_float = float(text)  # accepts 5000 and 5e3
+        try:
+            as_float = float(text)  # accepts 5000 and 5e3
+        except ValueError:
+            raise ValueError("expected an integer") from None
         if not math.isfinite(as_float) or as_float != int(as_float):
-            raise ValueError("expected a whole number")
+            raise ValueError("expected an integer")
         return int(as_float)
     if inner is float:
-        return float(text)
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError("expected a number") from None
     return text
 
 
@@ -102,7 +108,22 @@ def check_value(value, tp):
     return isinstance(value, inner)
 
 
+# Names other trainers (Hugging Face's Trainer, PyTorch examples, LLaMA configs) use for our
+# settings: too far from ours in spelling for difflib to find.
+ALIASES = {
+    "lr": "learning_rate", "steps": "max_iters", "max_steps": "max_iters", "iters": "max_iters",
+    "warmup_steps": "warmup_iters", "wd": "weight_decay", "bs": "batch_size",
+    "grad_accum": "gradient_accumulation_steps", "gradient_accumulation": "gradient_accumulation_steps",
+    "seq_len": "block_size", "context_length": "block_size", "max_seq_len": "block_size",
+    "num_layers": "n_layer", "num_heads": "n_head", "d_model": "n_embd", "hidden_size": "n_embd",
+    "clip": "grad_clip", "max_grad_norm": "grad_clip", "save_dir": "out_dir", "output_dir": "out_dir",
+}
+
+
 def _did_you_mean(name, known):
+    alias = ALIASES.get(name)
+    if alias in known:
+        return f" (did you mean '{alias}'?)"
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from gptkit.checkpoint import FORMAT_VERSION, load_checkpoint, non_finite_tensors
+from gptkit.config import read_config_file
 from gptkit.errors import UserError
 from gptkit.interop.nanogpt import (
     is_nanogpt_checkpoint,
@@ -21,6 +22,7 @@ from gptkit.tokenizer import tokenizer_from_dict
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 CHECKPOINT_NAMES = ("best.pt", "ckpt.pt")  # best.pt first: the weights with the lowest val loss
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # the shipped configs, beside gptkit/
 
 
 def find_checkpoint(out_dir, ckpt=None):
@@ -31,10 +33,24 @@ def find_checkpoint(out_dir, ckpt=None):
     for name in CHECKPOINT_NAMES:
         if (folder / name).is_file():
             return folder / name
-    how = "train one first with python train.py configs/shakespeare.py, or pass --out_dir DIR or --ckpt FILE"
+    how = f"train one first with {training_command(folder)}, or pass --out_dir DIR or --ckpt FILE"
     if not folder.is_dir():
         raise UserError(f"no checkpoint: the folder {folder} does not exist; {how}")
     raise UserError(f"no checkpoint in {folder} (looked for {' and '.join(CHECKPOINT_NAMES)}); {how}")
+
+
+def training_command(out_dir, configs=CONFIGS):
+    """The train.py command that writes `out_dir`: the shipped config whose out_dir it is,
+    else the quick start's config pointed at that folder."""
+    for path in sorted(Path(configs).glob("*.py")):
+        try:
+            if read_config_file(path).get("out_dir") == Path(out_dir).as_posix():
+                return f"python train.py configs/{path.name}"
+        except UserError:
+            continue  # a broken config is not ours to report here
+    return f"python train.py configs/shakespeare.py --out_dir={out_dir}"
+
+
 
 
 def checked_model_config(model_kwargs, source, **overrides):

@@ -4,8 +4,13 @@ Reads the `metrics.jsonl` that train.py writes into each out_dir (one JSON objec
 per line, `"kind": "train"` or `"kind": "eval"`). A run that is still writing is
 fine: a cut-off last line is skipped.
 
+<<<<<<< HEAD:gptkit/plot.py
     python eval.py plot out-shakespeare-char
     python eval.py plot out-baseline out-rope --out compare.png
+=======
+    python plot.py out-shakespeare-char                 # -> out-shakespeare-char/loss.png
+    python plot.py out-baseline out-rope --out compare.png
+>>>>>>> newuser:plot.py
 """
 
 import json
@@ -102,15 +107,15 @@ def loss_figure(runs):
     return fig
 
 
-def plot_runs(out_dirs, out="loss.png"):
-    """Read every run's metrics and write the PNG; return its Path."""
+def plot_runs(out_dirs, out=None):
+    """Read every run's metrics and write the PNG (by default loss.png in the first
+    run's folder, beside its metrics.jsonl); return its Path."""
     if not out_dirs:
         raise UserError("give at least one run folder, e.g. python eval.py plot out-shakespeare-char")
     runs = [(label, read_metrics(d)) for label, d in zip(run_labels(out_dirs), out_dirs)]
     fig = loss_figure(runs)
-    out = Path(out)
+    out = Path(out) if out else Path(out_dirs[0]) / "loss.png"
     if not out.parent.is_dir():
         raise UserError(f"cannot write {out}: the folder {out.parent} does not exist")
     fig.savefig(out, format="png", dpi=110)
     return out
-

@@ -21,8 +21,8 @@ def check_sampling_options(temperature=1.0, top_k=None, top_p=None, min_p=None, 
     """Raise ValueError naming the option when a value makes no sense."""
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature={temperature} must be a finite number >= 0 (0 means greedy)")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k} must be >= 1 (or None for no limit)")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k={top_k} must be >= 1 (0 or None: no limit)")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p={top_p} must be in (0, 1] (or None)")
     if min_p is not None and not 0 <= min_p <= 1:
@@ -90,7 +90,7 @@ def choose_next_token(
     # Shift the best logit to 0 before dividing: a tiny temperature then sends the others
     # to -inf (greedy in the limit) instead of overflowing all of them to inf and NaN.
     logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
-    if top_k is not None:
+    if top_k:  # 0 and None are no limit, as in Hugging Face's generate
         logits = filter_top_k(logits, top_k)
     if top_p is not None and top_p < 1:
         logits = filter_top_p(logits, top_p)

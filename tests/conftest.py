@@ -1,6 +1,7 @@
 """Shared test set-up: offline data from ../shared, markers, tiny helpers."""
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,10 @@ TIKTOKEN_CACHE = SHARED_DATA / "tiktoken"
 # Tiny test models are dominated by per-op overhead, and torch's thread pool makes
 # them many times slower when the cores are shared (subprocess training, DDP ranks).
 torch.set_num_threads(1)
+
+# The measured CPU matmul peak is cached per machine (gptkit/train/mfu.py): never in the
+# user's home from a test run, and shared by the subprocesses tests start.
+os.environ.setdefault("GPTKIT_CACHE_DIR", tempfile.mkdtemp(prefix="gptkit-test-cache-"))
 
 # Point tiktoken at the offline GPT-2 BPE files before anything imports it.
 if "TIKTOKEN_CACHE_DIR" not in os.environ and TIKTOKEN_CACHE.is_dir():

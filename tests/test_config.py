@@ -72,9 +72,9 @@ def test_int_float_str_and_none():
     "argv, fragment",
     [
         (["--compile", "maybe"], "bad value for --compile: 'maybe' (expected true/false/1/0)"),
-        (["--n_layer", "2.5"], "bad value for --n_layer: '2.5' (expected a whole number)"),
-        (["--n_layer", "many"], "bad value for --n_layer: 'many'"),
-        (["--learning_rate", "fast"], "bad value for --learning_rate: 'fast'"),
+        (["--n_layer", "2.5"], "bad value for --n_layer: '2.5' (expected an integer)"),
+        (["--max_iters=abc"], "bad value for --max_iters: 'abc' (expected an integer)"),  # not "convert ... to float"
+        (["--learning_rate", "fast"], "bad value for --learning_rate: 'fast' (expected a number)"),
         (["--max_iters", "none"], "bad value for --max_iters: 'none'"),  # not optional
     ],
 )
@@ -95,6 +95,14 @@ def test_unknown_key_on_the_command_line_suggests_the_name():
     assert str(e.value) == "unknown setting '--n_layers' (did you mean 'n_layer'?)"
     with pytest.raises(UserError, match=r"unknown setting '--zzz'$"):
         parse(["--zzz", "1"])
+
+
+def test_other_trainers_names_point_to_ours():
+    # --lr is too short for difflib to find learning_rate; known aliases are named.
+    with pytest.raises(UserError, match=r"unknown setting '--lr' \(did you mean 'learning_rate'\?\)"):
+        parse(["--lr=1e-3"])
+    with pytest.raises(UserError, match="did you mean 'max_iters'"):
+        parse(["--max_steps", "10"])
 
 
 def test_unknown_key_in_a_file_names_the_file_and_suggests(tmp_path):

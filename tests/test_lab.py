@@ -106,6 +106,13 @@ def test_no_interactive_prints_every_stage_with_and_without_mask(capsys):
     assert "Q·Kᵀ" in out and "√d_k" in out and "softmax" in out
 
 
+def test_no_interactive_takes_underscores_as_every_other_flag(capsys):
+    lab.main(["--no-interactive"])  # the older spelling, kept for scripts
+    hyphen = capsys.readouterr().out
+    assert lab.main(["--no_interactive"]) == 0
+    assert capsys.readouterr().out == hyphen and "softmax" in hyphen.lower()
+
+
 def test_printed_weights_match_the_computed_ones(toy):
     lines = []
     lab.print_all(toy, write=lines.append)

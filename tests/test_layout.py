@@ -9,7 +9,7 @@ import textwrap
 
 from repo import REPO
 
-ROOT_SCRIPTS = {"prepare.py", "train.py", "sample.py", "model.py", "eval.py", "lab.py", "bench.py", "params.py"}
+ROOT_SCRIPTS = {"prepare.py", "train.py", "sample.py", "model.py", "eval.py", "lab.py", "bench.py", "convert.py"}
 
 
 def package_modules():

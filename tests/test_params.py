@@ -1,12 +1,13 @@
-"""params.py: exact parameter counts from shapes alone, for any config file."""
-
+"""gptkit/params.py (python lab.py params): exact parameter counts from shapes alone, for any config file."""
 
 import pytest
 
 from gptkit.errors import UserError
 from model import GPTConfig
-import params
+import lab
+from gptkit import params
 from repo import REPO
+from train_helpers import write_char_dataset
 
 GPT2_SMALL = dict(block_size=1024, vocab_size=50257, n_layer=12, n_head=12, n_embd=768)
 
@@ -21,7 +22,7 @@ def test_gpt2_small_table():
 
 
 def test_shipped_gpt2_config_counts_gpt2_small_and_shows_padding_apart(capsys):
-    assert params.main([str(REPO / "configs" / "gpt2.py")]) == 0
+    assert lab.main(["params", str(REPO / "configs" / "gpt2.py")]) == 0
     out = capsys.readouterr().out
     assert "total                                        124,439,808" in out
     assert "vocabulary padding (never predicted)            36,096" in out  # 47 rows of 768
@@ -29,7 +30,7 @@ def test_shipped_gpt2_config_counts_gpt2_small_and_shows_padding_apart(capsys):
 
 
 def test_llama2_7b_config_file(capsys):
-    assert params.main([str(REPO / "configs" / "llama2_7b.py")]) == 0
+    assert lab.main(["params", str(REPO / "configs" / "llama2_7b.py")]) == 0
     out = capsys.readouterr().out
     assert "6,738,415,616" in out
     assert f"{12 * 32 * 4096**2:,}" in out  # the 12·L·d² estimate beside it
@@ -42,9 +43,9 @@ def test_config_file_with_training_keys_and_overrides(tmp_path, capsys):
         "learning_rate = 6e-4\nmax_iters = 5000\nbatch_size = 12\n"
         + "".join(f"{k} = {v}\n" for k, v in GPT2_SMALL.items())
     )
-    params.main([str(config)])
+    lab.main(["params", str(config)])
     assert "124,439,808" in capsys.readouterr().out
-    params.main([str(config), "--n_layer=6", "--tie_embeddings", "false"])
+    lab.main(["params", str(config), "--n_layer=6", "--tie_embeddings", "false"])
     expected = 124_439_808 - 6 * 7_087_872 + 50257 * 768  # six fewer blocks, a separate lm_head
     assert f"{expected:,}" in capsys.readouterr().out
 
@@ -67,3 +68,33 @@ def test_llama_config_loads_as_gpt_config():
     values = read_config_file(REPO / "configs" / "llama2_7b.py")
     config = GPTConfig(**values)
     assert (config.n_layer, config.n_embd, config.hidden_size, config.tie_embeddings) == (32, 4096, 11008, False)
+
+
+def test_vocabulary_comes_from_the_prepared_dataset_as_in_train(tmp_path, monkeypatch, capsys):
+    # configs/shakespeare.py trains with the 65 characters of data/shakespeare_char, not GPT-2's 50,257.
+    monkeypatch.chdir(tmp_path)
+    write_char_dataset(tmp_path / "data", "shakespeare_char", text="abcdefghij\n" * 500)
+    config, note = params.config_from_argv([str(REPO / "configs" / "shakespeare.py")])
+    assert config.vocab_size == 11 and "data/shakespeare_char/meta.json" in note
+    assert lab.main(["params", str(REPO / "configs" / "shakespeare.py")]) == 0
+    out = capsys.readouterr().out
+    assert "vocabulary 11," in out and "50257" not in out
+    write_char_dataset(tmp_path / "other", "mine", text="xyz\n" * 500)
+    config, _ = params.config_from_argv([str(REPO / "configs" / "shakespeare.py"), "--data_dir=other", "--dataset=mine"])
+    assert config.vocab_size == 4
+    config, note = params.config_from_argv([str(REPO / "configs" / "shakespeare.py"), "--vocab_size=99"])
+    assert config.vocab_size == 99 and note is None  # asked for explicitly
+
+
+def test_unprepared_dataset_says_what_vocabulary_it_assumed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config, note = params.config_from_argv([str(REPO / "configs" / "shakespeare_char.py")])
+    assert config.vocab_size == 50257
+    assert "50,257 assumed" in note and "python prepare.py shakespeare_char" in note and "--vocab_size" in note
+    config, note = params.config_from_argv([str(REPO / "configs" / "llama2_7b.py")])
+    assert config.vocab_size == 32000 and note is None  # the config sets it and names no dataset
+
+
+def test_lab_params_help(capsys):
+    assert lab.main(["params", "--help"]) == 0
+    assert "lab.py params configs/gpt2.py" in capsys.readouterr().out

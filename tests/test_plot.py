@@ -115,3 +115,12 @@ def test_missing_matplotlib_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(UserError, match="pip install matplotlib"):
         plot.loss_figure([("a", rows)])
+
+
+def test_default_png_goes_into_the_run_folder_not_the_cwd(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib is optional; pip install matplotlib")
+    write_run(tmp_path / "runs" / "out-a")
+    monkeypatch.chdir(tmp_path)
+    assert eval_script.main(["plot", str(tmp_path / "runs" / "out-a")]) == 0
+    assert (tmp_path / "runs" / "out-a" / "loss.png").read_bytes()[:8] == PNG_MAGIC
+    assert not (tmp_path / "loss.png").exists()

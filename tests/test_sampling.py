@@ -85,9 +85,15 @@ def test_same_generator_seed_same_tokens():
 
 @pytest.mark.parametrize(
     "kwargs, name",
-    [(dict(temperature=-1), "temperature"), (dict(top_k=0), "top_k"), (dict(top_p=0.0), "top_p"),
+    [(dict(temperature=-1), "temperature"), (dict(top_k=-1), "top_k"), (dict(top_p=0.0), "top_p"),
      (dict(top_p=1.5), "top_p"), (dict(min_p=2.0), "min_p"), (dict(repetition_penalty=0), "repetition_penalty")],
 )
 def test_bad_options_are_named(kwargs, name):
     with pytest.raises(ValueError, match=name):
         choose_next_token(torch.randn(1, 5), **kwargs)
+
+
+def test_top_k_0_is_no_limit_as_in_hugging_face():
+    logits = torch.randn(3, 50)
+    draws = [choose_next_token(logits, top_k=k, generator=torch.Generator().manual_seed(5)) for k in (0, None)]
+    assert torch.equal(draws[0], draws[1])

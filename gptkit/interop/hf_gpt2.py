@@ -5,9 +5,9 @@ A Hugging Face GPT-2 folder holds `config.json` and `model.safetensors` (or the 
 twist: GPT-2 stores its projections as `Conv1D` weights of shape (in, out), the
 transpose of `nn.Linear`'s (out, in).
 
-    python -c "import hf_gpt2; m = hf_gpt2.load_gpt2('gpt2')"        # downloads once, when online
-    python -c "import hf_gpt2; m = hf_gpt2.load_gpt2('path/to/folder')"
-    python -c "import hf_gpt2, model; hf_gpt2.export_gpt2(model.GPT(model.GPTConfig()), 'out/hf')"
+    python -c "from gptkit.interop import hf_gpt2; m = hf_gpt2.load_gpt2('gpt2')"   # downloads once, when online
+    python -c "from gptkit.interop import hf_gpt2; m = hf_gpt2.load_gpt2('path/to/folder')"
+    python convert.py out-mine hf-mine --to hf      # a checkpoint out (gptkit/interop/export.py)
 
 Nothing is unpickled: safetensors holds only tensors, and .bin files are read with
 torch.load(weights_only=True).
@@ -69,8 +69,9 @@ def config_from_hf(hf, dropout=0.0):
     if hf.get("model_type") != "gpt2":
         raise UserError(f"config.json has model_type={hf.get('model_type')!r}; only 'gpt2' models load here")
     unsupported = []
-    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-        unsupported.append(f"activation_function={hf['activation_function']!r} (we use GELU's tanh form)")
+    activation = hf.get("activation_function", "gelu_new")
+    if activation not in ("gelu_new", "gelu_pytorch_tanh", "gelu"):
+        unsupported.append(f"activation_function={activation!r} (we run gelu_new and gelu)")
     if hf.get("layer_norm_epsilon", NORM_EPS) != NORM_EPS:
         unsupported.append(f"layer_norm_epsilon={hf['layer_norm_epsilon']} (we use {NORM_EPS})")
     if hf.get("scale_attn_by_inverse_layer_idx", False) or not hf.get("scale_attn_weights", True):
@@ -82,6 +83,7 @@ def config_from_hf(hf, dropout=0.0):
             block_size=hf["n_positions"], vocab_size=hf["vocab_size"], n_layer=hf["n_layer"],
             n_head=hf["n_head"], n_embd=hf["n_embd"], mlp_hidden=hf.get("n_inner"), dropout=dropout,
             tie_embeddings=hf.get("tie_word_embeddings", True),
+            mlp="gelu_exact" if activation == "gelu" else "gelu",
         )
     except KeyError as e:
         raise UserError(f"config.json lacks {e}, which every GPT-2 config has")
@@ -139,16 +141,27 @@ def load_gpt2(name_or_path, dropout=0.0, cache_dir=None):
     return model
 
 
-def export_gpt2(model, folder):
-    """Write `model` as a Hugging Face GPT2LMHeadModel folder (config.json + model.safetensors)."""
-    c = model.config
+ACTIVATIONS = {"gelu": "gelu_new", "gelu_exact": "gelu"}  # our mlp -> transformers' activation_function
+
+
+def gpt2_mismatches(c):
+    """What in GPTConfig `c` a GPT2LMHeadModel cannot hold, as 'setting=value (GPT-2 needs ...)'."""
     differences = {
         "pos_encoding": (c.pos_encoding, "learned"), "norm": (c.norm, "layernorm"),
-        "norm_placement": (c.norm_placement, "pre"), "mlp": (c.mlp, "gelu"), "bias": (c.bias, True),
+        "norm_placement": (c.norm_placement, "pre"), "bias": (c.bias, True),
         "tie_embeddings": (c.tie_embeddings, True), "qk_norm": (c.qk_norm, False),
         "n_kv_head": (c.kv_heads, c.n_head), "logit_softcap": (c.logit_softcap, None),
     }
     wrong = [f"{name}={have!r} (GPT-2 needs {need!r})" for name, (have, need) in differences.items() if have != need]
+    if c.mlp not in ACTIVATIONS:
+        wrong.insert(3, f"mlp={c.mlp!r} (GPT-2 needs {' or '.join(map(repr, ACTIVATIONS))})")
+    return wrong
+
+
+def export_gpt2(model, folder):
+    """Write `model` as a Hugging Face GPT2LMHeadModel folder (config.json + model.safetensors)."""
+    c = model.config
+    wrong = gpt2_mismatches(c)
     if wrong:
         raise UserError("only GPT-2-shaped models export to the GPT-2 format: " + ", ".join(wrong))
     tensors = {}
@@ -160,7 +173,7 @@ def export_gpt2(model, folder):
         tensors[key] = (tensor.t() if key.endswith(CONV1D_WEIGHTS) else tensor).detach().float().contiguous().cpu()
     has_eot = c.vocab_size > GPT2_EOT_ID
     hf_config = {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": ACTIVATIONS[c.mlp],
         "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer,
         "n_head": c.n_head, "n_inner": None if c.hidden_size == 4 * c.n_embd else c.hidden_size,
         "layer_norm_epsilon": NORM_EPS, "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,

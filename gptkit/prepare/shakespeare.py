@@ -21,6 +21,7 @@ TMP_MARK = ".tmp-"  # temporary files are ".<final name>.tmp-<pid>-<random>"
 # is of that file (1,115,394 bytes).
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+SHAKESPEARE_BYTES = 1_115_394
 
 
 def sha256_file(path):
@@ -57,22 +58,38 @@ def download_shakespeare(dest):
 
 def shakespeare_input(folder, input_path):
     """The local Tiny Shakespeare to use: --input, $TINYSHAKESPEARE, a cached download, or a new download."""
+    where = "--input"
     if input_path is None and os.environ.get("TINYSHAKESPEARE"):
-        input_path = os.environ["TINYSHAKESPEARE"]
+        input_path, where = os.environ["TINYSHAKESPEARE"], "TINYSHAKESPEARE"
         if not Path(input_path).is_file():
             raise UserError(f"TINYSHAKESPEARE={input_path} is not a file: point it at Tiny Shakespeare's input.txt")
     if input_path is not None:
         path = Path(input_path)
-        if path.is_file() and sha256_file(path) != SHAKESPEARE_SHA256:
-            print(f"warning: {path} is not the canonical Tiny Shakespeare (sha256 differs)", file=sys.stderr)
+        if path.is_file():
+            warn_if_not_shakespeare(path, where)
         return path
     cached = folder / "input.txt"  # where a verified download is kept, as nanoGPT does
     if cached.is_file() and sha256_file(cached) == SHAKESPEARE_SHA256:
         return cached
-    created = not folder.exists()
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
     try:
         return download_shakespeare(cached)
     except BaseException:
-        if created and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+        for made in created:  # an offline attempt leaves no empty data/ folders behind
+            if made.is_dir() and not any(made.iterdir()):
+                made.rmdir()
         raise
+
+
+def warn_if_not_shakespeare(path, where):
+    """A warning (the text is still used: it may be a deliberate variant) when `path` is not
+    the file nanoGPT downloads, with both sizes, so a wrong file is never taken silently."""
+    size = path.stat().st_size
+    if size == SHAKESPEARE_BYTES and sha256_file(path) == SHAKESPEARE_SHA256:
+        return
+    print(
+        f"warning: {where}={path} is not Tiny Shakespeare as nanoGPT downloads it ({size:,} bytes, expected "
+        f"{SHAKESPEARE_BYTES:,} with sha256 {SHAKESPEARE_SHA256[:12]}...): preparing from it anyway, but the "
+        "token counts and losses in README.md will not match",
+        file=sys.stderr,
+    )

@@ -3,13 +3,26 @@
     mfu = estimate_mfu(config, tokens_per_second, peak_flops)
 
 The peak is the datasheet figure on a known GPU (`peak_flops_for_device`) and,
-on a CPU, where no datasheet number applies, the fp32 matmul rate measured on
-the spot (`measure_matmul_flops`).
+on a CPU, where no datasheet number applies, the best fp32 matmul rate ever
+measured on this machine (`cpu_peak_flops`). A rate measured once at start-up
+swings with whatever else the cores are doing (25% to 86% MFU at the same speed
+on a shared 2-core machine), so each run measures briefly and the best figure is
+kept in a small JSON file, one entry per CPU model, core count, thread count and
+torch version:
+
+    ~/.cache/gptkit/cpu_peak.json     ($GPTKIT_CACHE_DIR or $XDG_CACHE_HOME move it; delete it to re-measure)
+
+The peak only rises, so a run on a busy machine shows a lower MFU rather than a
+lower peak: its training really does get less of the machine.
 """
 
 import dataclasses
 import functools
+import json
+import os
+import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -87,16 +100,76 @@ def measure_matmul_flops(device="cpu", n=1024, dtype=torch.float32, seconds=1.0)
     return best
 
 
+CPU_PEAK_FILE = "cpu_peak.json"
+CPU_PEAK_FORMAT = 1  # bump to ignore files written by an older way of measuring
+
+
+def cache_dir():
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(os.environ.get("GPTKIT_CACHE_DIR") or Path(base) / "gptkit")
+
+
+def cpu_model():
+    """The CPU's model name (Linux's /proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_machine_key():
+    """What the matmul peak depends on: a change of any of these is another entry."""
+    return f"{cpu_model()} | {os.cpu_count()} cores | {torch.get_num_threads()} threads | torch {torch.__version__}"
+
+
+def _read_peaks(path):
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, unreadable or damaged: measure afresh
+    if not isinstance(data, dict) or data.get("format") != CPU_PEAK_FORMAT or not isinstance(data.get("peaks"), dict):
+        return {}
+    return data["peaks"]
+
+
+def cpu_peak_flops(measure=None):
+    """The best fp32 matmul FLOP/s measured on this machine: a short measurement now,
+    raised to the best cached one; a new best is written back (atomically). A cache
+    that cannot be written only costs the stability, never the run."""
+    measured = (measure or (lambda: measure_matmul_flops("cpu", seconds=0.3)))()
+    path = cache_dir() / CPU_PEAK_FILE
+    peaks = _read_peaks(path)
+    key = cpu_machine_key()
+    cached = peaks.get(key)
+    if isinstance(cached, (int, float)) and cached >= measured:
+        return float(cached)
+    peaks[key] = measured
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"format": CPU_PEAK_FORMAT, "peaks": peaks}, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+    return measured
+
+
 _PEAKS = {}
 
 
 def measure_peak(device):
-    """Peak FLOP/s that MFU is measured against: the datasheet on CUDA, a short
-    measured matmul rate on a CPU (no datasheet number applies); cached per process."""
+    """Peak FLOP/s that MFU is measured against: the datasheet on CUDA, the best
+    fp32 matmul rate measured on this machine on a CPU (cpu_peak_flops); cached per process."""
     if device not in _PEAKS:
         peak = peak_flops_for_device(device)
         if peak is None and device == "cpu":
             with torch.random.fork_rng(devices=[]):  # its random matrices must not shift dropout's stream
-                peak = measure_matmul_flops("cpu", seconds=0.3)
+                peak = cpu_peak_flops()
         _PEAKS[device] = peak
     return _PEAKS[device]

@@ -166,3 +166,25 @@ class OutDir:
         if self.created and [p.name for p in self.path.iterdir()] == [LOCK_NAME]:
             (self.path / LOCK_NAME).unlink(missing_ok=True)
             self.path.rmdir()
+
+
+def embedding_heavy_note(model, init_from, share_limit=0.5):
+    """A note for a model from scratch whose parameters are mostly token embedding and
+    output layer (a large vocabulary on a small model, e.g. GPT-2 BPE on the quick
+    start: 94% of 13.65M), else None. The output layer's V x d matrix product then
+    dominates every step too, so such a run is many times slower per step."""
+    if init_from != "scratch":
+        return None  # GPT-2's own shape, or a run already chosen
+    total = model.num_params()
+    blocks = model.num_params(non_embedding=True)
+    embedding = total - blocks
+    if embedding <= share_limit * total:
+        return None
+    c = model.config
+    return (
+        f"note: {embedding / 1e6:.2f}M of the {total / 1e6:.2f}M parameters ({embedding / total:.0%}) are the token "
+        f"embedding and output layer (vocabulary {c.vocab_size:,} x width {c.n_embd}), {blocks / 1e6:.2f}M the blocks; "
+        "the output layer's matrix product dominates each step. For a model this small, prepare the data with "
+        "a smaller vocabulary (python prepare.py --input ... --tokenizer char), or fine-tune GPT-2, whose "
+        "embedding is already trained (configs/finetune_shakespeare.py)"
+    )

@@ -437,3 +437,27 @@ def test_one_prepare_at_a_time_per_dataset_folder(tmp_path):
         k: v for k, v in before.items() if k != ".lock"
     }
     build.prepare_dataset([path], "char", "d", tmp_path, progress=False)  # free again once it is done
+
+
+def test_a_wrong_tinyshakespeare_file_is_named_with_its_size(tmp_path, monkeypatch, capsys):
+    wrong = tmp_path / "wrong.txt"
+    wrong.write_text("ROMEO:\nBut soft!\n" * 300)
+    monkeypatch.setenv("TINYSHAKESPEARE", str(wrong))
+    prepare.main(["shakespeare_char", "--data_dir", str(tmp_path / "data"), "--quiet"])
+    err = capsys.readouterr().err
+    assert f"TINYSHAKESPEARE={wrong} is not Tiny Shakespeare" in err and "5,100 bytes, expected 1,115,394" in err
+
+
+def test_the_real_tinyshakespeare_gives_no_warning(shakespeare_path, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TINYSHAKESPEARE", str(shakespeare_path))
+    prepare.main(["shakespeare_char", "--out_dir", str(tmp_path / "data"), "--quiet"])  # the older flag name
+    assert "warning" not in capsys.readouterr().err
+    assert load(tmp_path / "data" / "shakespeare_char")[0]["num_tokens"]["val"] == 111540
+
+
+def test_failed_download_leaves_no_empty_folders(tmp_path, monkeypatch):
+    monkeypatch.delenv("TINYSHAKESPEARE", raising=False)
+    monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_URL", (tmp_path / "missing.txt").as_uri())
+    with pytest.raises(UserError, match="could not download"):
+        prepare.main(["shakespeare_char", "--data_dir", str(tmp_path / "new" / "data"), "--quiet"])
+    assert not (tmp_path / "new").exists()

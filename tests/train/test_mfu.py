@@ -1,5 +1,7 @@
 """mfu.py: FLOPs per token, datasheet peaks, and the measured CPU peak."""
 
+import json
+
 import pytest
 import torch
 
@@ -26,3 +28,32 @@ def test_peak_flops_matches_device_names(monkeypatch):
 def test_measured_cpu_peak_is_a_plausible_rate():
     flops = measure_matmul_flops("cpu", n=256, seconds=0.1)
     assert 1e8 < flops < 1e14  # between a slow laptop core and a GPU: FLOP/s, not FLOPs or ms
+
+
+def test_cpu_peak_is_the_best_measured_and_cached_per_machine(tmp_path, monkeypatch):
+    from gptkit.train import mfu
+
+    monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path / "cache"))
+    assert mfu.cpu_peak_flops(measure=lambda: 50e9) == 50e9  # first run: measured, and cached
+    assert mfu.cpu_peak_flops(measure=lambda: 20e9) == 50e9  # a busy machine later: the peak stays
+    assert mfu.cpu_peak_flops(measure=lambda: 80e9) == 80e9  # a better measurement raises it
+    assert mfu.cpu_peak_flops(measure=lambda: 30e9) == 80e9
+    saved = json.loads((tmp_path / "cache" / "cpu_peak.json").read_text())
+    assert saved["peaks"] == {mfu.cpu_machine_key(): 80e9}
+
+    monkeypatch.setattr(torch, "__version__", "9.9.9")  # another torch: an entry of its own
+    assert mfu.cpu_peak_flops(measure=lambda: 10e9) == 10e9
+    assert len(json.loads((tmp_path / "cache" / "cpu_peak.json").read_text())["peaks"]) == 2
+
+
+def test_damaged_or_unwritable_cache_never_stops_a_run(tmp_path, monkeypatch):
+    from gptkit.train import mfu
+
+    (tmp_path / "cpu_peak.json").write_text("{not json")
+    monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path))
+    assert mfu.cpu_peak_flops(measure=lambda: 40e9) == 40e9
+    assert json.loads((tmp_path / "cpu_peak.json").read_text())["format"] == mfu.CPU_PEAK_FORMAT
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("GPTKIT_CACHE_DIR", str(blocker / "cache"))  # a folder below a file: cannot exist
+    assert mfu.cpu_peak_flops(measure=lambda: 40e9) == 40e9

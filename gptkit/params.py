@@ -5,22 +5,26 @@ projection) and 8·d² in the MLP (d -> 4d -> d); Kaplan et al. 2020 (section 2.
 a model's size as these non-embedding parameters. The model is built on PyTorch's meta
 device, so shapes exist but no memory is allocated: a 7B-shaped config counts in a second.
 
-    python params.py configs/gpt2.py              # 124,439,808
-    python params.py configs/llama2_7b.py         # 6,738,415,616
-    python params.py --n_layer=6 --n_head=6 --n_embd=384 --vocab_size=65 --block_size=256
+    python lab.py params configs/gpt2.py          # 124,439,808
+    python lab.py params configs/llama2_7b.py     # 6,738,415,616
+    python lab.py params configs/shakespeare.py   # 804,480 once data/shakespeare_char is prepared
+    python lab.py params --n_layer=6 --n_head=6 --n_embd=384 --vocab_size=65 --block_size=256
 
-A config file may hold training settings too; only the GPTConfig fields are used.
+A config file may hold training settings too; only the GPTConfig fields are used, and
+`dataset` / `data_dir` (as train.py reads them) to find the vocabulary size: train.py
+takes it from the prepared dataset's meta.json, so we do too. When the dataset is not
+prepared, the report says which vocabulary size it assumed and how to pass another.
 """
 
 import dataclasses
 import difflib
-import sys
 import typing
 
 import torch
 
 from gptkit.config import check_value, parse_value, read_config_file, split_argv
-from gptkit.errors import UserError, run_main
+from gptkit.dataset import dataset_dir, load_meta, prepare_command
+from gptkit.errors import UserError
 from model import GPT, GPTConfig
 
 COMPONENTS = (
@@ -105,10 +109,14 @@ def format_parameter_report(config):
     return "\n".join(lines)
 
 
+DATA_SETTINGS = {"dataset": str, "data_dir": str}  # train.py's, read to find the vocabulary
+
+
 def config_from_argv(argv):
-    """GPTConfig from [CONFIG.py] [--key=value ...]; keys a config file sets for other
-    scripts (learning_rate, ...) are ignored, unknown --keys are an error."""
-    types = typing.get_type_hints(GPTConfig)  # field name -> type
+    """(GPTConfig, note or None) from [CONFIG.py] [--key=value ...]. Keys a config file sets
+    for other scripts (learning_rate, ...) are ignored, unknown --keys are an error. Unless
+    vocab_size is set, it is the dataset's (as in train.py); the note says where it came from."""
+    types = {**typing.get_type_hints(GPTConfig), **DATA_SETTINGS}  # field name -> type
     path, pairs = split_argv(argv)
     values = {}
     if path is not None:
@@ -127,21 +135,44 @@ def config_from_argv(argv):
             values[name] = parse_value(text, types[name])
         except ValueError as e:
             raise UserError(f"bad value for {where}: {text!r} ({e})")
+    name, data_dir = values.pop("dataset", None), values.pop("data_dir", "data")
+    note = None
+    if not any(key == "vocab_size" for key, _, _ in pairs):  # --vocab_size wins; else as train.py
+        values["vocab_size"], note = dataset_vocab_size(name, data_dir, values.get("vocab_size"))
     try:
-        return GPTConfig(**values)
+        return GPTConfig(**values), note
     except ValueError as e:
         raise UserError(str(e))
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "-h" in argv or "--help" in argv:
-        print(__doc__.strip())
-        print("\nmodel settings: " + ", ".join(f.name for f in dataclasses.fields(GPTConfig)))
-        return 0
-    print(format_parameter_report(config_from_argv(argv)))
-    return 0
+def dataset_vocab_size(name, data_dir, configured=None):
+    """(vocab_size, note): the prepared dataset's, as train.py uses it from scratch; else
+    the config file's, else GPT-2's with a note saying so."""
+    how = "pass --vocab_size=N to count another"
+    if name is None or not (dataset_dir(data_dir, name) / "meta.json").is_file():
+        if configured is not None:
+            return configured, None
+        default = GPTConfig.vocab_size  # GPT-2 BPE's 50257
+        if name is None:
+            return default, f"note: vocabulary {default:,} assumed (GPT-2 BPE; the config names no dataset); {how}"
+        return default, (
+            f"note: vocabulary {default:,} assumed (GPT-2 BPE): dataset {name} is not prepared in {data_dir}/; "
+            f"run {prepare_command(name)} to count with its vocabulary, or {how}"
+        )
+    meta = load_meta(data_dir, name)
+    return meta["vocab_size"], (
+        f"vocabulary {meta['vocab_size']:,} from {dataset_dir(data_dir, name) / 'meta.json'} "
+        f"({meta['tokenizer'].get('type')} tokenizer)"
+    )
 
 
-if __name__ == "__main__":
-    run_main(main)
+def report_from_argv(argv):
+    """The report for `python lab.py params [CONFIG.py] [--key=value ...]`."""
+    config, note = config_from_argv(argv)
+    report = format_parameter_report(config)
+    return report if note is None else f"{note}\n\n{report}"
+
+
+def usage():
+    fields = ", ".join(f.name for f in dataclasses.fields(GPTConfig))
+    return __doc__.strip() + f"\n\nmodel settings: {fields}, and dataset, data_dir"

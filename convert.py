@@ -1,0 +1,49 @@
+"""Convert a trained model to another format.
+
+    python convert.py out-shakespeare-gpt2 hf-shakespeare --to hf     # a Hugging Face folder
+    python convert.py out-mine/ckpt.pt hf-mine --to hf
+
+--to hf writes config.json, model.safetensors and the tokenizer's files, so that
+transformers' AutoModelForCausalLM and AutoTokenizer.from_pretrained(DEST) give our
+logits and our token ids. GPT-2-shaped models become GPT2LMHeadModel, LLaMA-shaped
+ones (RoPE, RMSNorm, SwiGLU, no biases) LlamaForCausalLM; any other architecture is
+an error naming the settings that do not map (gptkit/interop/export.py).
+"""
+
+import argparse
+
+from gptkit.errors import UserError, run_main
+
+FORMATS = {"hf": "a Hugging Face folder: model, config and tokenizer (transformers loads it)"}
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # one line through run_main, not argparse's usage + exit
+        raise UserError(f"{message} (see python convert.py --help)")
+
+
+def build_parser():
+    parser = ArgumentParser(
+        prog="convert.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("source", metavar="OUT_DIR_OR_CKPT", help="a run folder (best.pt, else ckpt.pt) or a checkpoint file")
+    parser.add_argument("dest", metavar="DEST", help="the folder to write (new or empty)")
+    parser.add_argument(
+        "--to", required=True, choices=sorted(FORMATS),
+        help="; ".join(f"{name}: {what}" for name, what in FORMATS.items()),
+    )
+    parser.add_argument("--data_dir", default="data", help="where a nanoGPT checkpoint's meta.pkl is looked for")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.to == "hf":
+        from gptkit.interop.export import export_hf  # imported here so --help stays quick
+
+        print(export_hf(args.source, args.dest, data_dir=args.data_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,83 @@
+"""A checkpoint out as a Hugging Face folder: the model and its tokenizer.
+
+    python convert.py out-shakespeare-gpt2 hf-shakespeare --to hf
+    python -c "import transformers as t; m = t.AutoModelForCausalLM.from_pretrained('hf-shakespeare')"
+
+The architecture is chosen from the model's settings: GPT-2's (learned positions,
+LayerNorm, GELU, biases, tied embeddings) becomes a GPT2LMHeadModel
+(gptkit/interop/hf_gpt2.py), LLaMA's (RoPE, RMSNorm, SwiGLU, no biases) a
+LlamaForCausalLM (gptkit/interop/hf_llama.py); both give our logits. Anything else
+is an error naming, for each, the settings that do not map: transformers would
+load the weights into a model that computes something else.
+
+The folder is written under a temporary name beside DEST and renamed at the end,
+so an error or Ctrl-C halfway never leaves a folder that looks complete.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+from gptkit.errors import UserError
+from gptkit.interop.hf_gpt2 import export_gpt2, gpt2_mismatches
+from gptkit.interop.hf_llama import export_llama, llama_mismatches
+from gptkit.interop.hf_tokenizer import write_tokenizer
+from gptkit.loading import load_model
+
+
+def hf_architecture(config):
+    """'gpt2' or 'llama': the transformers architecture that computes what `config` does."""
+    gpt2, llama = gpt2_mismatches(config), llama_mismatches(config)
+    if not gpt2:
+        return "gpt2"
+    if not llama:
+        return "llama"
+    raise UserError(
+        "this model maps onto no Hugging Face architecture we export: as GPT-2 it has "
+        + ", ".join(gpt2) + "; as LLaMA it has " + ", ".join(llama)
+        + " (train with GPT-2's or configs/llama2_7b.py's architecture settings to export)"
+    )
+
+
+def load_source(source, data_dir="data"):
+    """(model, tokenizer, summary) from a checkpoint file or an out_dir (best.pt, else ckpt.pt)."""
+    path = Path(source)
+    if path.is_dir():
+        return load_model(out_dir=path, data_dir=data_dir)
+    if not path.exists():
+        raise UserError(f"{source} does not exist: give a run folder (out_dir) or a checkpoint file")
+    return load_model(ckpt=path, data_dir=data_dir)
+
+
+def check_destination(dest):
+    dest = Path(dest)
+    if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
+        raise UserError(f"{dest} already exists and is not an empty folder: choose a new DEST or remove it")
+    if not dest.parent.is_dir():
+        raise UserError(f"cannot write {dest}: the folder {dest.parent} does not exist")
+    return dest
+
+
+def export_hf(source, dest, data_dir="data"):
+    """Write the model in `source` and its tokenizer as a Hugging Face folder `dest`;
+    returns a one-line summary."""
+    dest = check_destination(dest)
+    model, tokenizer, summary = load_source(source, data_dir)
+    architecture = hf_architecture(model.config)  # before anything is written
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        eot = write_tokenizer(tokenizer.to_dict(), tmp, model.config.block_size)
+        if architecture == "gpt2":
+            export_gpt2(model, tmp)
+        else:
+            export_llama(model, tmp, eos_token_id=eot)
+        if dest.exists():
+            dest.rmdir()  # empty, checked above
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    kind = "GPT2LMHeadModel" if architecture == "gpt2" else "LlamaForCausalLM"
+    return f"{summary}\nwrote {dest}: {kind} and its {tokenizer.to_dict()['type']} tokenizer"

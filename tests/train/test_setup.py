@@ -1,0 +1,40 @@
+"""gptkit/train/setup.py: the note for a model that is mostly embedding (a large
+vocabulary on a small model), shown by train.py at start."""
+
+import torch
+
+import train
+from gptkit.config import read_config_file
+from gptkit.train.setup import embedding_heavy_note
+from model import GPT, GPTConfig
+from repo import REPO
+from train_helpers import tiny_args, write_char_dataset
+
+
+def quick_start_model(vocab_size):
+    values = read_config_file(REPO / "configs" / "shakespeare.py")
+    fields = {k: v for k, v in values.items() if k in GPTConfig.__dataclass_fields__}
+    with torch.device("meta"):  # shapes only
+        return GPT(GPTConfig(**{**fields, "vocab_size": vocab_size}))
+
+
+def test_quick_start_with_gpt2_bpe_is_named_with_its_shares():
+    model = quick_start_model(50257)
+    note = embedding_heavy_note(model, "scratch")
+    embedding = 2 * 50257 * 128  # untied wte and lm_head; RoPE has no position table
+    total = sum(p.numel() for p in model.parameters())
+    assert f"{embedding / 1e6:.2f}M of the {total / 1e6:.2f}M parameters ({embedding / total:.0%})" in note
+    assert f"{(total - embedding) / 1e6:.2f}M the blocks" in note and embedding / total > 0.9
+    assert "--tokenizer char" in note and "configs/finetune_shakespeare.py" in note
+
+
+def test_no_note_for_characters_or_for_gpt2_weights():
+    assert embedding_heavy_note(quick_start_model(65), "scratch") is None
+    assert embedding_heavy_note(quick_start_model(50257), "gpt2") is None  # its shape is GPT-2's own choice
+
+
+def test_train_prints_the_note_at_start(tmp_path, capsys):
+    text = "".join(chr(0x4E00 + i) for i in range(1500)) * 8  # 1,500 distinct characters
+    write_char_dataset(tmp_path / "data", "wide", text=text)
+    train.main(tiny_args(tmp_path / "data", tmp_path / "out", dataset="wide", max_iters=1, eval_interval=1, eval_iters=1))
+    assert "are the token embedding and output layer (vocabulary 1,500 x width 32)" in capsys.readouterr().out
