@@ -1,6 +1,7 @@
 """Benchmarks: measure, print a table, and append it to BENCHMARKS.md.
 
     python bench.py prepare     # tokenizer throughput and peak memory vs the simple way
+    python bench.py tokenizer   # BPE training and encoding: tokenizers vs rustbpe + tiktoken
     python bench.py train       # ms/iter, tokens/s, MFU for the quick-start shape
     python bench.py sample      # generation tokens/s with and without the KV cache
     python bench.py speedrun    # the modern recipe vs nanoGPT's CPU settings (slow)
@@ -24,6 +25,7 @@ from gptkit.errors import run_main
 
 SUITES = {
     "prepare": "benchmarks.bench_prepare",
+    "tokenizer": "benchmarks.bench_tokenizer",
     "train": "benchmarks.bench_train",
     "sample": "benchmarks.bench_sample",
     "speedrun": "benchmarks.bench_speedrun",
