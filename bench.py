@@ -5,6 +5,7 @@
     python bench.py train       # ms/iter, tokens/s, MFU for the quick-start shape
     python bench.py sample      # generation tokens/s with and without the KV cache
     python bench.py speedrun    # the modern recipe vs nanoGPT's CPU settings (slow)
+    python bench.py vocab       # char vs trained BPEs vs GPT-2 BPE on Tiny Shakespeare (slow)
     python bench.py all         # prepare, train and sample in one go
 
 Every run first measures this machine's own fp32 matmul rate: on a CPU that is
@@ -29,6 +30,7 @@ SUITES = {
     "train": "benchmarks.bench_train",
     "sample": "benchmarks.bench_sample",
     "speedrun": "benchmarks.bench_speedrun",
+    "vocab": "benchmarks.bench_vocab",
 }
 ALL = ["prepare", "train", "sample"]  # speedrun takes ~15 minutes on its own
 RESULTS = Path(__file__).resolve().parent / "BENCHMARKS.md"

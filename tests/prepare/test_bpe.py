@@ -284,3 +284,34 @@ def test_cli_exit_code_2_and_one_line(tmp_path):
     )
     assert r.returncode == 2 and "Traceback" not in r.stderr and "at least 257" in r.stderr, r.stderr
     assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------- checkpoints carry the tokenizer
+
+
+def test_sample_decodes_after_the_dataset_folder_is_deleted(shakespeare_path, tmp_path, capsys):
+    import shutil
+
+    import sample
+    import train
+    from train_helpers import tiny_args
+
+    from gptkit.checkpoint import load_checkpoint
+
+    text = tmp_path / "sh.txt"
+    text.write_text(shakespeare_path.read_text()[:100_000])
+    folder = prepare_bpe(tmp_path, [text], name="sh", vocab_size=400)
+    data_dir, out = tmp_path / "data", tmp_path / "out"
+    assert train.main(tiny_args(data_dir, out, dataset="sh", max_iters=4, eval_interval=4)) == 0
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert ckpt["tokenizer"]["json"] == (folder / "tokenizer.json").read_text()
+    # resuming on a dataset with another BPE vocabulary is refused
+    prepare_bpe(tmp_path, [text], name="sh", vocab_size=300)
+    with pytest.raises(UserError, match="vocabulary mismatch"):
+        train.main(tiny_args(data_dir, out, dataset="sh", max_iters=8, init_from="resume"))
+    shutil.rmtree(data_dir)
+    capsys.readouterr()
+    args = ["--out_dir", str(out), "--start", "ROMEO: ", "--max_new_tokens", "30", "--seed", "1", "--num_samples", "1"]
+    assert sample.main(args) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("ROMEO: ") and len(printed) > len("ROMEO: ") + 10
