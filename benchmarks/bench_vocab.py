@@ -1,6 +1,6 @@
 """Which tokenizer for Tiny Shakespeare? The quick-start model trained with each, at one budget.
 
-    python bench.py vocab                       # char, BPE 512 / 2,048 / 8,192, GPT-2 BPE; 200 iterations each
+    python bench.py vocab                       # char, BPE 512 / 2,048 / 8,192, GPT-2 BPE; 100 iterations each
     python bench.py vocab --max_iters 50 --vocabs 512   # a quick smoke run
 
 Every run is configs/shakespeare.py (4 layers, 4 heads, 128 wide, block 64,
@@ -26,8 +26,9 @@ from benchmarks.bench_prepare import REPO, SHAKESPEARE
 
 
 def add_arguments(parser):
-    parser.add_argument("--max_iters", type=int, default=200, help="training iterations per run (default 200)")
+    parser.add_argument("--max_iters", type=int, default=100, help="training iterations per run (default 100)")
     parser.add_argument("--vocabs", default="512,2048,8192", help="BPE vocabulary sizes (default 512,2048,8192)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
     parser.add_argument("--no_gpt2", action="store_true", help="leave out GPT-2's BPE (its runs are the slowest)")
 
 
@@ -85,7 +86,9 @@ def run(args):
         "another, on a machine shared with other jobs: ms/iter is indicative. The BPEs are trained by "
         "prepare.py on the training split only.",
     )
-    env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count() or 1))
+    # One thread: on a machine shared with other jobs, torch's thread pool spin-waits and runs
+    # several times slower than a single thread (measured here: 4.8 s/iter for char with 2 threads).
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     with tempfile.TemporaryDirectory(prefix="bench_vocab_") as tmp:
         data = Path(tmp) / "data"
         for label, kind, vocab in runs:

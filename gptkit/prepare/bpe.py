@@ -9,8 +9,10 @@ split by a chunk boundary), into rustbpe, which counts pre-tokens in parallel
 and learns the merges. Memory holds the count of each distinct pre-token (a
 word with its leading space, a number, ...) and a bounded buffer of text, not
 the corpus. Why rustbpe (+ tiktoken to encode) over Hugging Face `tokenizers`:
-it trained ~3x faster in less memory and tiktoken encodes ~5x faster on one core,
-measured on the same corpus (BENCHMARKS.md, `python bench.py tokenizer`).
+on the same 100 MB corpus it trained in a fifth of the CPU time and of the peak
+memory, and tiktoken encoded 5-8x faster on one core, to the same token count
+(BENCHMARKS.md, `python bench.py tokenizer`). rustbpe is only needed to train:
+the saved tokenizer is plain JSON that tiktoken (already a dependency) runs.
 """
 
 from pathlib import Path
@@ -41,7 +43,10 @@ def train_bpe(texts, vocab_size):
 
     Raises UserError when the text has too few distinct pairs to learn them all."""
     check_vocab_size(vocab_size)
-    import rustbpe
+    try:
+        import rustbpe
+    except ImportError:
+        raise UserError("training a BPE needs rustbpe: pip install rustbpe (or reuse one with --tokenizer_from)")
 
     trainer = rustbpe.Tokenizer()
     # rustbpe's vocabulary counts the 256 bytes and the merges; <|endoftext|> comes on top
