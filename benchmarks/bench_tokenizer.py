@@ -5,7 +5,8 @@
 
 Both libraries get the same corpus, cut into the same ~1 MB strings at the
 safe cuts prepare.py uses (gptkit.prepare.encode.gpt2_cut), and the same
-pre-tokenizer (GPT-2's regex); rustbpe buffers as many strings as prepare.py lets it. Training and encoding each run in a fresh
+pre-tokenizer (GPT-2's regex); rustbpe buffers as many strings as prepare.py
+lets it. Training and encoding each run in a fresh
 subprocess so that peak memory is its own, and the two libraries alternate
 (A B A B) because the machine is shared. Encoding is one process, one core:
 prepare.py runs that on each core of its worker pool.
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_prepare import SHAKESPEARE, cpu_seconds, run_child, vm_hwm_kib
+from gptkit.tokenizer import EOT, GPT2_PATTERN  # light: no torch in the measured children
 
 LIBRARIES = ("tokenizers", "rustbpe")
 
@@ -70,7 +72,6 @@ def corpus_strings(corpus):
             yield text
 
 
-from gptkit.tokenizer import EOT, GPT2_PATTERN  # noqa: E402  (light: no torch)
 
 
 def train_tokenizers(strings, vocab_size):
@@ -94,10 +95,10 @@ def train_rustbpe(strings, vocab_size):
 
     import rustbpe
 
-    from gptkit.prepare.bpe import TRAIN_BUFFER_STRINGS
+    from gptkit.prepare.bpe import train_buffer_strings
 
     tok = rustbpe.Tokenizer()
-    tok.train_from_iterator(strings, vocab_size - 1, buffer_size=TRAIN_BUFFER_STRINGS, pattern=GPT2_PATTERN)
+    tok.train_from_iterator(strings, vocab_size - 1, buffer_size=train_buffer_strings(), pattern=GPT2_PATTERN)
     ranks = sorted(tok.get_mergeable_ranks(), key=lambda pair: pair[1])
     text = json.dumps({"pattern": tok.get_pattern(), "ranks": [base64.b64encode(bytes(b)).decode() for b, _ in ranks]})
     return text, len(ranks) + 1

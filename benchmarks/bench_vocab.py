@@ -1,7 +1,7 @@
 """Which tokenizer for Tiny Shakespeare? The quick-start model trained with each, at one budget.
 
     python bench.py vocab                       # char, BPE 512 / 2,048 / 8,192, GPT-2 BPE; 100 iterations each
-    python bench.py vocab --max_iters 50 --vocabs 512   # a quick smoke run
+    python bench.py vocab --max_iters 20 --vocabs 512 --only char,bpe   # a quick smoke run
 
 Every run is configs/shakespeare.py (4 layers, 4 heads, 128 wide, block 64,
 batch 32, Muon) for the same number of iterations, so every model sees the
@@ -29,7 +29,7 @@ def add_arguments(parser):
     parser.add_argument("--max_iters", type=int, default=100, help="training iterations per run (default 100)")
     parser.add_argument("--vocabs", default="512,2048,8192", help="BPE vocabulary sizes (default 512,2048,8192)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
-    parser.add_argument("--no_gpt2", action="store_true", help="leave out GPT-2's BPE (its runs are the slowest)")
+    parser.add_argument("--only", default="char,bpe,gpt2", help="which kinds to run (default char,bpe,gpt2)")
 
 
 def byte_lengths(tokenizer):
@@ -74,9 +74,8 @@ def run(args):
     from gptkit.prepare import build
 
     vocabs = [int(v) for v in args.vocabs.split(",") if v.strip()]
-    runs = [("char", "char", None)] + [(f"BPE {v:,}", "bpe", v) for v in vocabs]
-    if not args.no_gpt2:
-        runs.append(("GPT-2 BPE", "gpt2", None))
+    runs = [("char", "char", None)] + [(f"BPE {v:,}", "bpe", v) for v in vocabs] + [("GPT-2 BPE", "gpt2", None)]
+    runs = [r for r in runs if r[1] in args.only.split(",")]
     table = Table(
         f"tokenizers on Tiny Shakespeare: configs/shakespeare.py for {args.max_iters} iterations each "
         f"(the same {args.max_iters * 32 * 64:,} training tokens)",

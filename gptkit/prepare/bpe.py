@@ -15,14 +15,19 @@ memory, and tiktoken encoded 5-8x faster on one core, to the same token count
 the saved tokenizer is plain JSON that tiktoken (already a dependency) runs.
 """
 
+import os
 from pathlib import Path
 
 from gptkit.errors import UserError
 from gptkit.tokenizer import BPE_FILE, GPT2_PATTERN, MAX_BPE_VOCAB, MIN_BPE_VOCAB, BPETokenizer, tokenizer_from_dict
 
-# rustbpe takes this many strings from the iterator, then counts them on all cores:
-# with ~1 MB strings that is a few tens of MB of text in memory at a time.
-TRAIN_BUFFER_STRINGS = 32
+
+
+def train_buffer_strings():
+    """How many strings rustbpe takes from the iterator before counting them on all
+    cores: two per core keeps every core busy, and with ~1 MB strings only a few MB
+    of text per core are in memory at a time (rustbpe's default, 8,192, is ~8 GB)."""
+    return max(8, 2 * (os.cpu_count() or 1))
 
 
 def check_vocab_size(vocab_size):
@@ -50,7 +55,7 @@ def train_bpe(texts, vocab_size):
 
     trainer = rustbpe.Tokenizer()
     # rustbpe's vocabulary counts the 256 bytes and the merges; <|endoftext|> comes on top
-    trainer.train_from_iterator(texts, vocab_size - 1, buffer_size=TRAIN_BUFFER_STRINGS, pattern=GPT2_PATTERN)
+    trainer.train_from_iterator(texts, vocab_size - 1, buffer_size=train_buffer_strings(), pattern=GPT2_PATTERN)
     ranks = sorted(trainer.get_mergeable_ranks(), key=lambda pair: pair[1])
     assert [r for _, r in ranks] == list(range(len(ranks))), "rustbpe's ranks are not 0..n-1"
     learned = len(ranks) - 256

@@ -315,3 +315,38 @@ def test_sample_decodes_after_the_dataset_folder_is_deleted(shakespeare_path, tm
     assert sample.main(args) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("ROMEO: ") and len(printed) > len("ROMEO: ") + 10
+
+
+PEAK_RSS = """
+import sys
+from gptkit.prepare import build
+# 64 KB strings: rustbpe's buffer (a few strings per core) fills at a few hundred KB, so the
+# test sees the steady state at small sizes; prepare.py's ~1 MB strings fill it at a few MB.
+build.prepare_dataset([sys.argv[1]], "bpe", "m", sys.argv[2], workers=1, progress=False, vocab_size=400,
+                      chunk_chars=1 << 16)
+print([line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")][0])  # KiB
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from Linux's /proc")
+def test_training_and_encoding_memory_does_not_grow_with_input(shakespeare_path, tmp_path):
+    import subprocess
+
+    from repo import REPO
+
+    lines = shakespeare_path.read_text().splitlines(keepends=True)
+    peaks = {}
+    for mb in (5, 20):  # measured: 76.8 MB at 5 MB, 77.5 at 10 and at 30 (from 70.5 at 2: buffers filling)
+        rng, path, written = random.Random(0), tmp_path / f"{mb}.txt", 0
+        with open(path, "w") as f:
+            while written < mb * 2**20:  # the same words in new orders: only the text grows
+                rng.shuffle(lines)
+                written += f.write("".join(lines))
+        done = subprocess.run(
+            [sys.executable, "-c", PEAK_RSS, str(path), str(tmp_path / str(mb))], capture_output=True, text=True, cwd=REPO
+        )
+        assert done.returncode == 0, done.stderr
+        peaks[mb] = int(done.stdout.split()[-1]) / 1024
+    # Holding the extra 15 MB of text (let alone rustbpe's copy of it) would add 15 MB or more.
+    assert peaks[20] - peaks[5] < 6, peaks
