@@ -79,10 +79,13 @@ def fingerprint(meta):
 def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool, workers, chunk_chars, bar, bpe=None):
     """Pass 2: tokenize into temporary bins, then rename train.bin, val.bin (tokenizer.json)
     and meta.json into place. `bpe` is the BPETokenizer when kind is 'bpe'."""
-    vocab_size = {"char": len(scan.chars), "gpt2": GPT2_VOCAB_SIZE}.get(kind) or bpe.vocab_size
+    if kind == "bpe":
+        vocab_size, eot_id = bpe.vocab_size, bpe.eot_id
+    else:
+        vocab_size = len(scan.chars) if kind == "char" else GPT2_VOCAB_SIZE
+        eot_id = GPT2_EOT_ID if kind == "gpt2" else None
     dtype = dtype_for(vocab_size)
     itemsize = np.dtype(dtype).itemsize
-    eot_id = {"gpt2": GPT2_EOT_ID, "bpe": bpe and bpe.eot_id}.get(kind)
     append_eot = eot_id is not None and scan.n_docs > 1
     find_cut = any_cut if kind == "char" else gpt2_cut  # the trained BPE pre-tokenizes as GPT-2 does
     stats = [(Path(s.path).stat().st_size, Path(s.path).stat().st_mtime_ns) for s in sources]
@@ -117,7 +120,7 @@ def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool
                 raise UserError(f"input {source.shown} changed while it was being prepared: run again")
         assert counts["train"] > 0 and counts["val"] > 0, f"empty split after a non-empty plan: {counts}"
 
-        tokenizer = {"char": {"type": "char", "chars": scan.chars}, "gpt2": {"type": "gpt2"}}.get(kind)
+        tokenizer = {"type": "char", "chars": scan.chars} if kind == "char" else {"type": "gpt2"}
         if kind == "bpe":
             tokenizer = bpe.describe()  # the tokenizer itself goes in tokenizer.json, pinned by its sha256
             with open(tmp[BPE_FILE], "w", encoding="ascii") as f:
