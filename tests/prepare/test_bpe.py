@@ -350,3 +350,49 @@ def test_training_and_encoding_memory_does_not_grow_with_input(shakespeare_path,
         peaks[mb] = int(done.stdout.split()[-1]) / 1024
     # Holding the extra 15 MB of text (let alone rustbpe's copy of it) would add 15 MB or more.
     assert peaks[20] - peaks[5] < 6, peaks
+
+
+# ---------------------------------------------------------------- an independent implementation
+
+
+def gpt2_byte_to_char():
+    """GPT-2's reversible byte -> printable character map (as Hugging Face's ByteLevel uses)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def merge_pairs(token_bytes):
+    """Each learned token's two parts: BPE on its bytes with only the merges learned before it."""
+    ranks = {b: i for i, b in enumerate(token_bytes)}
+    pairs = []
+    for rank in range(256, len(token_bytes)):
+        parts = [bytes([b]) for b in token_bytes[rank]]
+        while len(parts) > 2:
+            best = min(
+                (ranks.get(parts[i] + parts[i + 1], rank), i) for i in range(len(parts) - 1)
+            )
+            assert best[0] < rank, "a token is not a merge of earlier tokens"
+            parts[best[1] : best[1] + 2] = [parts[best[1]] + parts[best[1] + 1]]
+        pairs.append(tuple(parts))
+    return pairs
+
+
+def test_encoding_matches_hugging_face_bpe_with_the_same_merges(shakespeare_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    text = shakespeare_path.read_text()
+    ours = train_bpe(iter([text[:500_000]]), 1000)
+    to_char = gpt2_byte_to_char()
+    spell = lambda b: "".join(to_char[x] for x in b)  # noqa: E731
+    vocab = {spell(b): i for i, b in enumerate(ours.token_bytes)}
+    merges = [(spell(a), spell(b)) for a, b in merge_pairs(ours.token_bytes)]
+    hf = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges))
+    hf.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    for sample in (text[500_000:600_000], non_latin_text(5, 3000), random_unicode(random.Random(3), 2000)):
+        assert ours.encode(sample) == hf.encode(sample, add_special_tokens=False).ids
