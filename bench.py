@@ -1,10 +1,12 @@
 """Benchmarks: measure, print a table, and append it to BENCHMARKS.md.
 
     python bench.py prepare     # tokenizer throughput and peak memory vs the simple way
+    python bench.py tokenizer   # BPE training and encoding: tokenizers vs rustbpe + tiktoken
     python bench.py train       # ms/iter, tokens/s, MFU for the quick-start shape
     python bench.py sample      # generation tokens/s with and without the KV cache
     python bench.py speedrun    # the modern recipe vs nanoGPT's CPU settings (slow)
     python bench.py memory      # memory per rank, DDP vs FSDP, with/without activation checkpointing
+    python bench.py vocab       # char vs trained BPEs vs GPT-2 BPE on Tiny Shakespeare (slow)
     python bench.py all         # prepare, train and sample in one go
 
 Every run first measures this machine's own fp32 matmul rate: on a CPU the best
@@ -26,10 +28,12 @@ from gptkit.errors import run_main
 
 SUITES = {
     "prepare": "benchmarks.bench_prepare",
+    "tokenizer": "benchmarks.bench_tokenizer",
     "train": "benchmarks.bench_train",
     "sample": "benchmarks.bench_sample",
     "speedrun": "benchmarks.bench_speedrun",
     "memory": "benchmarks.bench_memory",
+    "vocab": "benchmarks.bench_vocab",
 }
 ALL = ["prepare", "train", "sample"]  # speedrun takes ~15 minutes on its own
 RESULTS = Path(__file__).resolve().parent / "BENCHMARKS.md"

@@ -2,19 +2,26 @@
 
     python convert.py out-shakespeare-gpt2 hf-shakespeare --to hf     # a Hugging Face folder
     python convert.py out-mine/ckpt.pt hf-mine --to hf
+    python convert.py out-gpt2-xl ckpt-xl.pt --to pt                 # an FSDP run's shards -> one file
 
 --to hf writes config.json, model.safetensors and the tokenizer's files, so that
 transformers' AutoModelForCausalLM and AutoTokenizer.from_pretrained(DEST) give our
 logits and our token ids. GPT-2-shaped models become GPT2LMHeadModel, LLaMA-shaped
 ones (RoPE, RMSNorm, SwiGLU, no biases) LlamaForCausalLM; any other architecture is
 an error naming the settings that do not map (gptkit/interop/export.py).
+
+--to pt turns the sharded checkpoint of an FSDP run (OUT_DIR/ckpt/) into one
+ckpt.pt file, which any run resumes and sample.py reads (gptkit/train/sharded.py).
 """
 
 import argparse
 
 from gptkit.errors import UserError, run_main
 
-FORMATS = {"hf": "a Hugging Face folder: model, config and tokenizer (transformers loads it)"}
+FORMATS = {
+    "hf": "a Hugging Face folder: model, config and tokenizer (transformers loads it)",
+    "pt": "one ckpt.pt file from an FSDP run's sharded checkpoint (OUT_DIR or OUT_DIR/ckpt)",
+}
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -27,7 +34,7 @@ def build_parser():
         prog="convert.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("source", metavar="OUT_DIR_OR_CKPT", help="a run folder (best.pt, else ckpt.pt) or a checkpoint file")
-    parser.add_argument("dest", metavar="DEST", help="the folder to write (new or empty)")
+    parser.add_argument("dest", metavar="DEST", help="--to hf: the folder to write (new or empty); --to pt: the file")
     parser.add_argument(
         "--to", required=True, choices=sorted(FORMATS),
         help="; ".join(f"{name}: {what}" for name, what in FORMATS.items()),
@@ -42,6 +49,14 @@ def main(argv=None):
         from gptkit.interop.export import export_hf  # imported here so --help stays quick
 
         print(export_hf(args.source, args.dest, data_dir=args.data_dir))
+    elif args.to == "pt":
+        from pathlib import Path
+
+        from gptkit.train.sharded import sharded_to_single
+
+        if Path(args.dest).exists():
+            raise UserError(f"{args.dest} exists: give a new file name (nothing is overwritten)")
+        print(f"wrote {sharded_to_single(args.source, args.dest)}")
     return 0
 
 

@@ -78,8 +78,12 @@ def plot_main(argv):
     )
     parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run folders to compare")
     parser.add_argument("--out", default=None, help="PNG to write (default: loss.png in the first OUT_DIR)")
+    parser.add_argument(
+        "--metric", default="auto", choices=("auto", "loss", "bpb"),
+        help="loss (nats/token), bpb (bits per byte: compares tokenizers) or auto (bpb when every run has it)",
+    )
     args = parser.parse_args(argv)
-    path = plot.plot_runs(args.out_dirs, args.out)
+    path = plot.plot_runs(args.out_dirs, args.out, args.metric)
     print(f"wrote {path}")
     return 0
 

@@ -3,6 +3,7 @@
     python prepare.py shakespeare_char         # Tiny Shakespeare, one token per character
     python prepare.py shakespeare              # Tiny Shakespeare, GPT-2 BPE (tiktoken)
     python prepare.py --input notes.txt books/ web.jsonl --tokenizer gpt2 --name mine
+    python prepare.py --input books/ --tokenizer bpe --vocab_size 4096 --name books   # your own BPE
 
 What the files hold and how they are written: gptkit/prepare/build.py.
 """
@@ -25,12 +26,15 @@ examples:
       the same text with GPT-2 BPE, from a local copy -> data/shakespeare (301,966 / 36,059 tokens)
   python prepare.py --input my_notes.txt books/ web.jsonl --tokenizer gpt2 --name mine
       your own text -> data/mine
+  python prepare.py --input books/ --tokenizer bpe --vocab_size 4096 --name books
+      a 4,096-token byte-level BPE trained on the training split of books/ -> data/books
+      (with data/books/tokenizer.json); --tokenizer_from data/books reuses it for other text
 
 inputs: a text file is one document; a folder is every .txt file below it (sorted), one
 document each; a .jsonl file is one document per line, in its "text" field. One document
 is split at --val_fraction of its characters (as nanoGPT); several documents are split by
 whole documents, evenly spaced. With GPT-2 BPE and several documents, the end-of-text token
-(50256) follows each document.
+(50256) follows each document; with a trained BPE, <|endoftext|> (its last id) does.
 
 Tiny Shakespeare is read from --input, else $TINYSHAKESPEARE, else data/NAME/input.txt (a
 verified earlier download), else downloaded from
@@ -40,7 +44,7 @@ verified earlier download), else downloaded from
 and checked against its sha256. Offline: TINYSHAKESPEARE=/path/to/input.txt python prepare.py shakespeare_char
 
 output: data/NAME/train.bin and val.bin (raw little-endian ids, uint16 or uint32) and
-meta.json (tokenizer, counts, sources, split), written to temporary files and renamed into
+meta.json (tokenizer, counts, sources, split), plus tokenizer.json for a trained BPE, written to temporary files and renamed into
 place at the end (meta.json last): an interrupted run leaves the previous dataset or none.
 GPT-2 BPE needs tiktoken's files: offline, set TIKTOKEN_CACHE_DIR to a folder holding them.
 """
@@ -62,7 +66,17 @@ def build_parser():
     parser.add_argument("dataset", nargs="?", help=f"a named dataset: {', '.join(NAMED_DATASETS)}")
     parser.add_argument("--input", nargs="+", metavar="PATH", help="text file(s), folder(s) of .txt, .jsonl file(s)")
     parser.add_argument(
-        "--tokenizer", metavar="{char,gpt2}", help="char (one id per distinct character) or gpt2 (tiktoken BPE)"
+        "--tokenizer",
+        metavar="{char,gpt2,bpe}",
+        help="char (one id per distinct character), gpt2 (tiktoken BPE) or bpe (trained on your text)",
+    )
+    parser.add_argument(
+        "--vocab_size", type=int, default=None, metavar="N", help="with --tokenizer bpe: train N ids (at least 257)"
+    )
+    parser.add_argument(
+        "--tokenizer_from",
+        metavar="PATH",
+        help="with --tokenizer bpe: reuse the BPE of a dataset folder, out_dir or checkpoint instead of training",
     )
     parser.add_argument("--name", help="output folder name under --data_dir (with your own --input)")
     parser.add_argument(
@@ -90,10 +104,11 @@ def main(argv=None):
     progress = not args.quiet
     if args.dataset is not None:
         check_dataset_name(args.dataset)
-        if args.tokenizer is not None or args.name is not None or args.val_fraction is not None:
+        own = (args.tokenizer, args.name, args.val_fraction, args.vocab_size, args.tokenizer_from)
+        if any(v is not None for v in own):
             raise UserError(
-                f"{args.dataset} fixes the tokenizer, name and split; --tokenizer, --name and "
-                "--val_fraction go with --input for your own data"
+                f"{args.dataset} fixes the tokenizer, name and split; --tokenizer, --name, --val_fraction, "
+                "--vocab_size and --tokenizer_from go with --input for your own data"
             )
         if args.input is not None and len(args.input) != 1:
             raise UserError(f"{args.dataset} takes one --input file (a copy of Tiny Shakespeare)")
@@ -103,10 +118,10 @@ def main(argv=None):
     if args.input is None:
         raise UserError(
             "nothing to prepare: give a dataset name (shakespeare_char, shakespeare) or "
-            "--input PATH --tokenizer {char,gpt2} --name NAME (see python prepare.py --help)"
+            "--input PATH --tokenizer {char,gpt2,bpe} --name NAME (see python prepare.py --help)"
         )
     if args.tokenizer is None:
-        raise UserError("--input needs --tokenizer char or --tokenizer gpt2")
+        raise UserError("--input needs --tokenizer char, gpt2 or bpe (with --vocab_size N)")
     if args.name is None:
         raise UserError("--input needs --name NAME: the dataset goes to <data_dir>/NAME")
     prepare_dataset(
@@ -118,6 +133,8 @@ def main(argv=None):
         args.errors,
         args.workers,
         progress,
+        vocab_size=args.vocab_size,
+        tokenizer_from=args.tokenizer_from,
     )
     return 0
 

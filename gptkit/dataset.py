@@ -35,7 +35,7 @@ FULL_SCAN_BYTES = 1 << 30  # bins up to 1 GiB are checked whole at start-up (~0.
 def prepare_command(name):
     if name in AUTO_PREPARED:
         return f"python prepare.py {name}"
-    return f"python prepare.py --input FILE --tokenizer char|gpt2 --name {name}"
+    return f"python prepare.py --input FILE --tokenizer char|gpt2|bpe --name {name}"
 
 
 def dataset_dir(data_dir, name):
@@ -119,6 +119,11 @@ def load_meta(data_dir, name, block_size=None):
             check_token_ids(folder / f"{split}.bin", meta["dtype"], meta["vocab_size"], name)
     meta.setdefault("fingerprint", None)
     meta.setdefault("eot_id", None)
+    if isinstance(meta["tokenizer"], dict) and meta["tokenizer"].get("type") == "bpe":
+        from gptkit.tokenizer import embed_bpe_file
+
+        # tokenizer.json's text joins the description, so every checkpoint embeds the tokenizer itself
+        meta["tokenizer"] = embed_bpe_file(meta["tokenizer"], folder)
     if block_size is not None:
         check_block_size(meta, block_size, folder)
     return meta

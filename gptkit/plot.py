@@ -4,13 +4,14 @@ Reads the `metrics.jsonl` that train.py writes into each out_dir (one JSON objec
 per line, `"kind": "train"` or `"kind": "eval"`). A run that is still writing is
 fine: a cut-off last line is skipped.
 
-<<<<<<< HEAD:gptkit/plot.py
     python eval.py plot out-shakespeare-char
     python eval.py plot out-baseline out-rope --out compare.png
-=======
-    python plot.py out-shakespeare-char                 # -> out-shakespeare-char/loss.png
-    python plot.py out-baseline out-rope --out compare.png
->>>>>>> newuser:plot.py
+    python eval.py plot out-char out-bpe2048 --metric bpb    # runs with different tokenizers
+
+--metric loss plots nats per token, which compares runs only when they share a
+tokenizer; --metric bpb plots bits per byte (the eval rows' train_bpb and
+val_bpb), which compares any runs on the same text. The default, auto, is bpb
+when every run has logged it, else loss.
 """
 
 import json
@@ -19,6 +20,11 @@ from pathlib import Path
 from gptkit.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
+# metric -> (axis label, (kind, key) of the faint train curve, (kind, key) of the val dots)
+METRICS = {
+    "loss": ("loss (nats/token)", ("train", "loss"), ("eval", "val_loss")),
+    "bpb": ("bits per byte", ("eval", "train_bpb"), ("eval", "val_bpb")),
+}
 
 
 def read_metrics(out_dir):
@@ -73,8 +79,27 @@ def run_labels(out_dirs):
     return [str(d) if names.count(n) > 1 else n for d, n in zip(out_dirs, names)]
 
 
-def loss_figure(runs):
-    """A Figure of loss (top) and learning rate (bottom) for `runs` = [(label, rows)]."""
+def has_bpb(rows):
+    return bool(_series(rows["eval"], "val_bpb")[0])
+
+
+def choose_metric(runs, metric="auto"):
+    """'loss' or 'bpb' for `runs` = [(label, rows)]; bpb needs every run to have logged it."""
+    if metric not in ("auto", *METRICS):
+        raise UserError(f"--metric must be auto, loss or bpb, not {metric!r}")
+    missing = [label for label, rows in runs if not has_bpb(rows)]
+    if metric == "bpb" and missing:
+        raise UserError(
+            f"--metric bpb: {', '.join(missing)} logged no val_bpb (trained before train.py reported "
+            "bits per byte?); use --metric loss, which compares runs only when they share a tokenizer"
+        )
+    if metric == "auto":
+        return "loss" if missing else "bpb"
+    return metric
+
+
+def loss_figure(runs, metric="loss"):
+    """A Figure of loss or bits per byte (top) and learning rate (bottom) for `runs` = [(label, rows)]."""
     try:
         import matplotlib
 
@@ -87,17 +112,19 @@ def loss_figure(runs):
     colours = matplotlib.colormaps["tab10"]
     for i, (label, rows) in enumerate(runs):
         colour = colours(i % 10)
-        x, y = _series(rows["train"], "loss")
+        axis_label, (train_kind, train_key), (val_kind, val_key) = METRICS[metric]
+        x, y = _series(rows[train_kind], train_key)
         if x:
             ax_loss.plot(x, y, color=colour, alpha=0.35, linewidth=0.8, label=f"{label} train")
-        x, y = _series(rows["eval"], "val_loss")
+        x, y = _series(rows[val_kind], val_key)
         if x:
             ax_loss.plot(x, y, color=colour, marker="o", markersize=3, label=f"{label} val")
         x, y = _series(rows["train"] or rows["eval"], "lr")
         if x:
             ax_lr.plot(x, y, color=colour, label=label)
-    ax_loss.set_ylabel("loss (nats/token)")
-    ax_loss.set_title("train loss (faint, every logged iteration) and val loss (dots)")
+    ax_loss.set_ylabel(METRICS[metric][0])
+    every = "every logged iteration" if metric == "loss" else "every eval"
+    ax_loss.set_title(f"train {METRICS[metric][0]} (faint, {every}) and val (dots)")
     ax_loss.grid(alpha=0.3)
     ax_loss.legend(fontsize=8)
     ax_lr.set_ylabel("learning rate")
@@ -107,13 +134,13 @@ def loss_figure(runs):
     return fig
 
 
-def plot_runs(out_dirs, out=None):
+def plot_runs(out_dirs, out=None, metric="auto"):
     """Read every run's metrics and write the PNG (by default loss.png in the first
     run's folder, beside its metrics.jsonl); return its Path."""
     if not out_dirs:
         raise UserError("give at least one run folder, e.g. python eval.py plot out-shakespeare-char")
     runs = [(label, read_metrics(d)) for label, d in zip(run_labels(out_dirs), out_dirs)]
-    fig = loss_figure(runs)
+    fig = loss_figure(runs, choose_metric(runs, metric))
     out = Path(out) if out else Path(out_dirs[0]) / "loss.png"
     if not out.parent.is_dir():
         raise UserError(f"cannot write {out}: the folder {out.parent} does not exist")

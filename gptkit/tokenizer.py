@@ -5,8 +5,11 @@ checkpoint, so sampling never has to guess:
 
     {"type": "char", "chars": ["\\n", " ", "!", ...]}   id = position in `chars`
     {"type": "gpt2"}                                  GPT-2 BPE through tiktoken
+    {"type": "bpe", "sha256": ..., "json": "..."}    a BPE trained by prepare.py (BPETokenizer)
 """
 
+import hashlib
+import json
 import numpy as np
 
 from gptkit.errors import UserError
@@ -92,10 +95,154 @@ def tokenizer_from_dict(d):
         return CharTokenizer(d["chars"])
     if kind == "gpt2":
         return GPT2Tokenizer()
-    raise UserError(f"unknown tokenizer description {d!r}: expected type 'char' or 'gpt2'")
+    if kind == "bpe":
+        return bpe_from_dict(d)
+    raise UserError(f"unknown tokenizer description {str(d)[:200]}: expected type 'char', 'gpt2' or 'bpe'")
 
 
 class Tokenizer:
     """Namespace kept for the documented entry point `Tokenizer.from_dict`."""
 
     from_dict = staticmethod(tokenizer_from_dict)
+
+
+# ---------------------------------------------------------------- a BPE trained on your text
+
+# GPT-2's pre-tokenizer, as tiktoken writes it (tiktoken_ext/openai_public.py). Text is
+# first cut into these pieces (a word with its leading space, a number, a run of
+# punctuation, whitespace) and merges never cross them. We keep GPT-2's choice rather
+# than a digit-splitting variant (nanochat's \p{N}{1,3}): prepare.py's parallel
+# encoder cuts text only where this exact pattern is proven to cut anyway
+# (gptkit/prepare/encode.py), which keeps the bins identical to encoding each
+# document whole; and on prose the two differ only inside long numbers.
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+EOT = "<|endoftext|>"
+BPE_FILE = "tokenizer.json"  # its name in a dataset folder
+BPE_FORMAT = "gptkit-bpe"
+BPE_FORMAT_VERSION = 1
+MIN_BPE_VOCAB = 256 + 1  # every byte, and <|endoftext|>
+MAX_BPE_VOCAB = 1 << 32  # ids must fit uint32, the widest dtype of the bins
+
+
+class BPETokenizer:
+    """A byte-level BPE: ids 0..255 are the 256 bytes, each later id one learned merge
+    (in the order learned, which is also tiktoken's rank), and the last id <|endoftext|>.
+
+    Every string encodes (there are no unknown tokens) and decodes back exactly.
+    tiktoken does the encoding and decoding. The tokenizer is data: `to_json()` is
+    the whole of it, the text of tokenizer.json, and `from_json` rebuilds it."""
+
+    def __init__(self, token_bytes, pattern=GPT2_PATTERN):
+        import tiktoken
+
+        self.token_bytes = [bytes(b) for b in token_bytes]  # id -> its bytes, <|endoftext|> excluded
+        self.pattern = pattern
+        self.eot_id = len(self.token_bytes)
+        self.vocab_size = self.eot_id + 1
+        self.encoding = tiktoken.Encoding(
+            name=BPE_FORMAT,
+            pat_str=pattern,
+            mergeable_ranks={b: i for i, b in enumerate(self.token_bytes)},
+            special_tokens={EOT: self.eot_id},
+        )
+        self._json = None
+
+    def encode(self, text):
+        return self.encoding.encode_ordinary(text)  # "<|endoftext|>" in text is plain text, as for gpt2
+
+    def decode(self, ids):
+        return self.encoding.decode(list(ids))  # half a UTF-8 character shows as U+FFFD
+
+    def token_byte_lengths(self):
+        """UTF-8 bytes each id adds to decoded text (<|endoftext|> adds none): for bits per byte."""
+        import numpy as np
+
+        return np.array([len(b) for b in self.token_bytes] + [0], dtype=np.int64)
+
+    def to_json(self):
+        """tokenizer.json's text: deterministic, one token per line.
+
+        A token's bytes are written as a string of the code points 0-255 (latin-1),
+        so ASCII tokens read as themselves (" the", "ing") and every byte string
+        has exactly one spelling."""
+        if self._json is None:
+            header = {
+                "format": BPE_FORMAT,
+                "version": BPE_FORMAT_VERSION,
+                "pre_tokenizer": "gpt2",
+                "pattern": self.pattern,
+                "vocab_size": self.vocab_size,
+                "special_tokens": {EOT: self.eot_id},
+            }
+            lines = [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in header.items()]
+            tokens = ",\n".join("    " + json.dumps(b.decode("latin-1")) for b in self.token_bytes)
+            self._json = "{\n" + "\n".join(lines) + '\n  "tokens": [\n' + tokens + "\n  ]\n}\n"
+        return self._json
+
+    @property
+    def sha256(self):
+        return hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()
+
+    def describe(self):
+        """meta.json's description: the file holds the tokenizer, its sha256 pins it."""
+        return {"type": "bpe", "file": BPE_FILE, "sha256": self.sha256, "vocab_size": self.vocab_size, "pre_tokenizer": "gpt2"}
+
+    def to_dict(self):
+        """The self-contained description a checkpoint embeds (tokenizer.json's text included)."""
+        return self.describe() | {"json": self.to_json()}
+
+    @classmethod
+    def from_json(cls, text, source="tokenizer.json"):
+        """Rebuild from tokenizer.json's text, checking it (a UserError naming `source`)."""
+        try:
+            d = json.loads(text)
+        except (json.JSONDecodeError, TypeError) as e:
+            raise UserError(f"{source} is not valid JSON ({e})")
+        if not isinstance(d, dict) or d.get("format") != BPE_FORMAT:
+            raise UserError(f"{source} is not a {BPE_FORMAT} tokenizer file (no \"format\": \"{BPE_FORMAT}\")")
+        if not isinstance(d.get("version"), int) or d["version"] > BPE_FORMAT_VERSION:
+            raise UserError(f"{source} has version {d.get('version')!r}; this code reads up to {BPE_FORMAT_VERSION}")
+        if d.get("pattern") != GPT2_PATTERN:
+            raise UserError(f"{source}: its pre-tokenizer pattern is not GPT-2's, the only one this code encodes with")
+        tokens = d.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, str) and t for t in tokens):
+            raise UserError(f"{source}: \"tokens\" must be a list of non-empty strings")
+        try:
+            token_bytes = [t.encode("latin-1") for t in tokens]
+        except UnicodeEncodeError:
+            raise UserError(f"{source}: a token holds a character above U+00FF (tokens spell bytes as U+0000-U+00FF)")
+        if token_bytes[:256] != [bytes([i]) for i in range(256)]:
+            raise UserError(f"{source}: ids 0-255 must be the 256 single bytes, in order")
+        if len(set(token_bytes)) != len(token_bytes):
+            raise UserError(f"{source}: some token appears twice")
+        if d.get("vocab_size") != len(tokens) + 1 or d.get("special_tokens") != {EOT: len(tokens)}:
+            raise UserError(f"{source}: vocab_size and special_tokens must be len(tokens) + 1 and {{{EOT!r}: len(tokens)}}")
+        tokenizer = cls(token_bytes, d["pattern"])
+        tokenizer._json = text  # the exact text that was hashed
+        return tokenizer
+
+
+def bpe_from_dict(d):
+    """A BPETokenizer from a checkpoint's (or resolved meta.json's) description."""
+    text = d.get("json")
+    if not isinstance(text, str):
+        raise UserError(
+            f"this BPE tokenizer description holds no tokenizer (only a pointer to {d.get('file', BPE_FILE)}): "
+            "read a dataset's meta.json with gptkit.dataset.load_meta, which adds the file's contents"
+        )
+    if hashlib.sha256(text.encode("utf-8")).hexdigest() != d.get("sha256"):
+        raise UserError("the embedded BPE tokenizer does not match its sha256: the checkpoint or meta.json is damaged")
+    return BPETokenizer.from_json(text, "the embedded tokenizer")
+
+
+def embed_bpe_file(description, folder):
+    """meta.json's BPE description with tokenizer.json's text added, after checking its sha256."""
+    from pathlib import Path
+
+    path = Path(folder) / description.get("file", BPE_FILE)
+    if not path.is_file():
+        raise UserError(f"{path} is missing: the dataset's tokenizer is gone; prepare the dataset again")
+    raw = path.read_bytes()
+    if hashlib.sha256(raw).hexdigest() != description.get("sha256"):
+        raise UserError(f"{path} does not match the sha256 in meta.json: it was changed; prepare the dataset again")
+    return dict(description) | {"json": raw.decode("utf-8")}  # written as ASCII JSON: the check above passed

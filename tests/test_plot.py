@@ -124,3 +124,38 @@ def test_default_png_goes_into_the_run_folder_not_the_cwd(tmp_path, monkeypatch,
     assert eval_script.main(["plot", str(tmp_path / "runs" / "out-a")]) == 0
     assert (tmp_path / "runs" / "out-a" / "loss.png").read_bytes()[:8] == PNG_MAGIC
     assert not (tmp_path / "loss.png").exists()
+
+
+def add_bpb(folder, scale):
+    """Give every eval row train_bpb / val_bpb, as train.py logs them (loss * scale)."""
+    path = folder / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in rows:
+        if r["kind"] == "eval":
+            r["train_bpb"], r["val_bpb"] = r["train_loss"] * scale, r["val_loss"] * scale
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_bits_per_byte_is_the_default_when_every_run_has_it(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is optional; pip install matplotlib")
+    char = add_bpb(write_run(tmp_path / "char", base=4.0), 1.44)
+    bpe = add_bpb(write_run(tmp_path / "bpe", base=6.0), 0.5)
+    old = write_run(tmp_path / "old", base=3.0)
+    runs = [(d.name, plot.read_metrics(d)) for d in (char, bpe)]
+    assert plot.choose_metric(runs) == "bpb"
+    fig = plot.loss_figure(runs, "bpb")
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines["bpe val"].get_ydata()) == pytest.approx([3.05, 2.8, 2.55, 2.3])
+    assert list(lines["char train"].get_xdata()) == [0, 5, 10, 15]  # from the eval rows
+    assert ax.get_ylabel() == "bits per byte"
+    mixed = runs + [("old", plot.read_metrics(old))]
+    assert plot.choose_metric(mixed) == "loss"  # nats/token for all rather than two scales on one axis
+    with pytest.raises(UserError, match="old logged no val_bpb"):
+        plot.choose_metric(mixed, "bpb")
+    with pytest.raises(UserError, match="--metric must be"):
+        plot.choose_metric(runs, "bits")
+    out = tmp_path / "b.png"
+    assert eval_script.main(["plot", str(char), str(bpe), "--metric", "bpb", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == PNG_MAGIC

@@ -8,7 +8,9 @@ incomplete and an interrupted run never leaves a dataset that looks valid.
 
 The input streams through twice in bounded memory: a first pass validates it
 and counts characters (and collects the character vocabulary), the second
-tokenizes it on all cores and appends to the bins. `prepare.py` is the command.
+tokenizes it on all cores and appends to the bins. With `--tokenizer bpe` a pass
+in between trains the BPE on the training split (gptkit/prepare/bpe.py), and
+tokenizer.json goes beside the bins. `prepare.py` is the command.
 """
 
 import hashlib
@@ -29,10 +31,10 @@ from gptkit.prepare.encode import CHUNK_CHARS, any_cut, build_tasks, dtype_for, 
 from gptkit.prepare.shakespeare import TMP_MARK, shakespeare_input
 from gptkit.prepare.sources import iter_documents, resolve_inputs
 from gptkit.prepare.split import plan_split, scan_inputs
-from gptkit.tokenizer import GPT2_EOT_ID
+from gptkit.tokenizer import BPE_FILE, GPT2_EOT_ID
 
 FORMAT_VERSION = 1
-TOKENIZERS = ("char", "gpt2")
+TOKENIZERS = ("char", "gpt2", "bpe")
 GPT2_VOCAB_SIZE = 50257
 
 NAMED_DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2"}
@@ -55,18 +57,23 @@ def fingerprint(meta):
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool, workers, chunk_chars, bar):
-    """Pass 2: tokenize into temporary bins, then rename train.bin, val.bin and meta.json into place."""
-    vocab_size = len(scan.chars) if kind == "char" else GPT2_VOCAB_SIZE
+def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool, workers, chunk_chars, bar, bpe=None):
+    """Pass 2: tokenize into temporary bins, then rename train.bin, val.bin (tokenizer.json)
+    and meta.json into place. `bpe` is the BPETokenizer when kind is 'bpe'."""
+    if kind == "bpe":
+        vocab_size, eot_id = bpe.vocab_size, bpe.eot_id
+    else:
+        vocab_size = len(scan.chars) if kind == "char" else GPT2_VOCAB_SIZE
+        eot_id = GPT2_EOT_ID if kind == "gpt2" else None
     dtype = dtype_for(vocab_size)
     itemsize = np.dtype(dtype).itemsize
-    eot_id = GPT2_EOT_ID if kind == "gpt2" else None
     append_eot = eot_id is not None and scan.n_docs > 1
-    find_cut = gpt2_cut if kind == "gpt2" else any_cut
+    find_cut = any_cut if kind == "char" else gpt2_cut  # the trained BPE pre-tokenizes as GPT-2 does
     stats = [(Path(s.path).stat().st_size, Path(s.path).stat().st_mtime_ns) for s in sources]
 
     tag = f"{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-    tmp = {name: folder / f".{name}{tag}" for name in ("train.bin", "val.bin", "meta.json")}
+    names = ("train.bin", "val.bin") + ((BPE_FILE,) if kind == "bpe" else ()) + ("meta.json",)
+    tmp = {name: folder / f".{name}{tag}" for name in names}
     counts = {"train": 0, "val": 0}
     try:
         with open(tmp["train.bin"], "wb") as f_train, open(tmp["val.bin"], "wb") as f_val:
@@ -95,6 +102,12 @@ def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool
         assert counts["train"] > 0 and counts["val"] > 0, f"empty split after a non-empty plan: {counts}"
 
         tokenizer = {"type": "char", "chars": scan.chars} if kind == "char" else {"type": "gpt2"}
+        if kind == "bpe":
+            tokenizer = bpe.describe()  # the tokenizer itself goes in tokenizer.json, pinned by its sha256
+            with open(tmp[BPE_FILE], "w", encoding="ascii") as f:
+                f.write(bpe.to_json())
+                f.flush()
+                os.fsync(f.fileno())
         meta = {
             "format_version": FORMAT_VERSION,
             "tokenizer": tokenizer,
@@ -114,8 +127,10 @@ def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool
         # first: a kill between the renames below leaves bins without meta.json (nothing
         # that looks valid), never new bins beside an old meta.json.
         (folder / "meta.json").unlink(missing_ok=True)
+        if kind != "bpe":
+            (folder / BPE_FILE).unlink(missing_ok=True)  # an earlier BPE dataset's: no longer described
         fsync_dir(folder)
-        for name in ("train.bin", "val.bin", "meta.json"):
+        for name in names:
             os.replace(tmp[name], folder / name)
         fsync_dir(folder)
     finally:
@@ -163,11 +178,17 @@ def prepare_dataset(
     workers=None,
     progress=True,
     *,
+    vocab_size=None,
+    tokenizer_from=None,
     chunk_chars=CHUNK_CHARS,
 ):
-    """Tokenize `inputs` (paths: text files, folders of .txt, .jsonl) into out_dir/name; return the folder."""
+    """Tokenize `inputs` (paths: text files, folders of .txt, .jsonl) into out_dir/name; return the folder.
+
+    tokenizer 'bpe' trains a BPE of `vocab_size` ids on the training split, or reuses
+    the one at `tokenizer_from` (a dataset folder, out_dir, checkpoint or tokenizer.json)."""
     if tokenizer not in TOKENIZERS:
         raise UserError(f"unknown tokenizer {tokenizer!r}: choose one of {', '.join(TOKENIZERS)}")
+    bpe = check_bpe_settings(tokenizer, vocab_size, tokenizer_from)  # the reused BPE, or None
     check_name(name)
     if not 0 < val_fraction < 1:
         raise UserError(f"--val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
@@ -182,12 +203,17 @@ def prepare_dataset(
 
     folder = Path(out_dir) / name
     init = ("gpt2", None, dtype_for(GPT2_VOCAB_SIZE), GPT2_EOT_ID)
-    pool = make_pool(workers, ("charset",) if tokenizer == "char" else init)
+    pool = None if tokenizer == "bpe" else make_pool(workers, ("charset",) if tokenizer == "char" else init)
     try:
         with progress_bar(progress, total_bytes, "scan") as bar:
             scan = scan_inputs(sources, errors, tokenizer == "char", pool, workers, bar)
         rule, make_segments = plan_split(scan, val_fraction, shown)
-        if tokenizer == "char":  # the encoders need the vocabulary: start them afresh
+        if tokenizer == "bpe":
+            if bpe is None:  # before the folder exists: a corpus too small leaves nothing behind
+                bpe = train_on_train_split(sources, errors, make_segments, vocab_size, chunk_chars, progress, total_bytes)
+            vocab_size = bpe.vocab_size
+            pool = make_pool(workers, ("bpe", None, dtype_for(vocab_size), bpe.eot_id, bpe.to_json()))
+        elif tokenizer == "char":  # the encoders need the vocabulary: start them afresh
             if pool is not None:
                 pool.terminate()
                 pool.join()
@@ -201,7 +227,7 @@ def prepare_dataset(
             remove_stale_temps(folder)
             with progress_bar(progress, total_bytes, "tokenize") as bar:
                 meta = write_dataset(
-                    folder, make_segments, sources, errors, tokenizer, scan, rule, pool, workers, chunk_chars, bar
+                    folder, make_segments, sources, errors, tokenizer, scan, rule, pool, workers, chunk_chars, bar, bpe
                 )
         except BaseException:
             lock.release()
@@ -225,11 +251,42 @@ def prepare_dataset(
     return folder
 
 
+def check_bpe_settings(tokenizer, vocab_size, tokenizer_from):
+    """Check --vocab_size / --tokenizer_from before any text is read; the reused BPETokenizer or None."""
+    from gptkit.prepare.bpe import check_vocab_size, tokenizer_from_path
+
+    if tokenizer != "bpe":
+        if vocab_size is not None or tokenizer_from is not None:
+            raise UserError("--vocab_size and --tokenizer_from go with --tokenizer bpe")
+        return None
+    if (vocab_size is None) == (tokenizer_from is None):
+        raise UserError(
+            "--tokenizer bpe needs exactly one of --vocab_size N (train a new BPE on the training split) "
+            "or --tokenizer_from PATH (reuse the BPE of a dataset folder or checkpoint)"
+        )
+    if vocab_size is not None:
+        check_vocab_size(vocab_size)
+        return None
+    return tokenizer_from_path(tokenizer_from)
+
+
+def train_on_train_split(sources, errors, make_segments, vocab_size, chunk_chars, progress, total_bytes):
+    """The training pass: stream the train split (never val) into the BPE trainer."""
+    from gptkit.prepare.bpe import train_bpe
+
+    with progress_bar(progress, total_bytes, "train bpe") as bar:
+        docs = iter_documents(sources, errors, lambda i, block: bar.update(len(block)))
+        # val documents are skipped unread; a single document's val part is never reached
+        train_only = ((split, pieces, False) for split, pieces in make_segments(docs) if split == "train")
+        texts = (text for task in build_tasks(train_only, gpt2_cut, chunk_chars) for _, text, _ in task if text)
+        return train_bpe(texts, vocab_size)
+
+
 def check_dataset_name(name):
     if name not in NAMED_DATASETS:
         raise UserError(
             f"unknown dataset {name!r}: known datasets are {', '.join(NAMED_DATASETS)}; "
-            "for your own text use --input PATH --tokenizer {char,gpt2} --name NAME"
+            "for your own text use --input PATH --tokenizer {char,gpt2,bpe} --name NAME"
         )
 
 

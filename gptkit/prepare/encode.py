@@ -31,8 +31,9 @@ def code_points(text):
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
 
 
-def init_worker(kind, chars=None, dtype="uint16", eot_id=None):
-    """Set up this process's tokenizer: 'gpt2', 'char' (with its vocabulary) or 'charset'."""
+def init_worker(kind, chars=None, dtype="uint16", eot_id=None, bpe_json=None):
+    """Set up this process's tokenizer: 'gpt2', 'bpe' (from its tokenizer.json text),
+    'char' (with its vocabulary) or 'charset'."""
     if multiprocessing.parent_process() is not None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _worker.clear()
@@ -41,6 +42,10 @@ def init_worker(kind, chars=None, dtype="uint16", eot_id=None):
         from gptkit.tokenizer import load_gpt2_encoding
 
         _worker["encoding"] = load_gpt2_encoding()
+    elif kind == "bpe":
+        from gptkit.tokenizer import BPETokenizer
+
+        _worker["encoding"] = BPETokenizer.from_json(bpe_json).encoding
     elif kind == "char":
         cps = np.array([ord(c) for c in chars], dtype=np.int64)
         lut = np.zeros(int(cps.max()) + 1, dtype=_worker["dtype"])
@@ -54,7 +59,7 @@ def encode_text(text):
     if _worker["kind"] == "char":
         return _worker["lut"][code_points(text)]
     ids = _worker["encoding"].encode_ordinary(text)
-    return np.array(ids, dtype=_worker["dtype"])  # GPT-2 ids are < 50257: they fit uint16
+    return np.array(ids, dtype=_worker["dtype"])  # ids < vocab_size, which dtype_for sized the dtype to hold
 
 
 def encode_task(task):
@@ -80,7 +85,8 @@ def charset_task(text):
 # Where may GPT-2 text be cut so that encoding the pieces separately gives exactly
 # the ids of encoding it whole? tiktoken first splits text into pre-tokens with
 #     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-# (tiktoken_ext/openai_public.py) and BPE-merges inside each pre-token only. A cut
+# (tiktoken_ext/openai_public.py) and BPE-merges inside each pre-token only (the
+# BPE prepare.py trains uses the same pattern, so all of this holds for it too). A cut
 # at p is safe when (a) some pre-token of the whole text starts at p and (b) the
 # pre-tokens before p do not change when the text ends at p. The pattern has no
 # look-behind, so matching from p sees the same text either way; its only

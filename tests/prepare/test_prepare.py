@@ -266,7 +266,7 @@ def test_bad_jsonl_lines_are_named(tmp_path):
 def test_unknown_tokenizer_and_dataset(tmp_path):
     (tmp_path / "a.txt").write_text("hello world")
     assert_fails(
-        tmp_path, ["--input", str(tmp_path / "a.txt"), "--tokenizer", "bpe", "--name", "x"], "unknown tokenizer 'bpe'"
+        tmp_path, ["--input", str(tmp_path / "a.txt"), "--tokenizer", "bpe2", "--name", "x"], "unknown tokenizer 'bpe2'"
     )
     assert_fails(
         tmp_path, ["shakespear"], "unknown dataset 'shakespear': known datasets are shakespeare_char, shakespeare"

@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+import convert
+
 from gptkit.checkpoint import load_checkpoint
 from gptkit.errors import UserError
 from gptkit.train import sharded
@@ -62,8 +64,10 @@ def test_round_trip_and_conversion_to_one_file(tmp_path, optimizer):
     a, b = optimizers[0].state_dict()["state"], fresh_opts[0].state_dict()["state"]
     assert all(torch.equal(a[k]["exp_avg_sq"], b[k]["exp_avg_sq"]) for k in a)
 
-    single = sharded.sharded_to_single(tmp_path, tmp_path / "ckpt.pt")
-    ckpt = load_checkpoint(single)
+    assert convert.main([str(tmp_path), str(tmp_path / "ckpt.pt"), "--to", "pt"]) == 0  # the command over sharded_to_single
+    with pytest.raises(UserError, match="exists: give a new file name"):
+        convert.main([str(tmp_path), str(tmp_path / "ckpt.pt"), "--to", "pt"])
+    ckpt = load_checkpoint(tmp_path / "ckpt.pt")
     assert ckpt["iter_num"] == 7 and ckpt["tokenizer"]["type"] == "char"
     for name, tensor in model.state_dict().items():
         assert torch.equal(ckpt["model"][name], tensor), name
