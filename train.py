@@ -44,13 +44,13 @@ from gptkit.train import optim
 from gptkit.train import sharded
 from gptkit.train.mfu import estimate_mfu, measure_peak
 from gptkit.train.run_state import provenance, rng_state, set_rng_state
-from gptkit.train.setup import Forward, OutDir, embedding_heavy_note, init_model
+from gptkit.train.setup import (
+    Forward, OutDir, check_batch_sizes, check_resumable, check_world_size, embedding_heavy_note, init_model,
+)
 from model import GPTConfig
 
 FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
 EVAL_STOP_CHECK = 4  # evaluation rounds between agreeing on a stop signal
-MAX_MICRO_BATCH_TOKENS = 2**31  # beyond int32 indexing, and beyond any machine's memory for activations
-MAX_EVAL_WINDOWS = 10_000_000  # their start offsets alone would take 80 MB
 MAX_SEED = 2**32 - 1 - 4096  # numpy seeds stop at 2**32 - 1, and each rank adds its rank
 CHOICES = {
     "lr_schedule": ("cosine", "constant", "wsd"),
@@ -197,42 +197,6 @@ def main(argv=None):
     except UserError as e:
         raise same_on_every_rank(e)
     return train(model_cfg, cfg)
-
-
-def check_resumable(ckpt, optimizers, out_dir, cfg):
-    if "sharded" in ckpt:
-        if ckpt["config"].get("optimizer") != cfg.optimizer:
-            raise UserError(f"{ckpt['sharded']} was trained with optimizer={ckpt['config'].get('optimizer')}: resume with --optimizer as before")
-    elif cfg.parallel == "ddp" and (not isinstance(ckpt.get("optimizer"), list) or len(ckpt["optimizer"]) != len(optimizers)):
-        raise UserError(f"{out_dir}/ckpt.pt was trained with a different optimizer setting: resume with --optimizer as before")
-    for key, kind in (("iter_num", int), ("best_val_loss", float), ("val_loss", float), ("rng", dict)):
-        if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
-            raise UserError(f"{out_dir}/ckpt.pt: its {key!r} is {type(ckpt.get(key)).__name__}, not {kind.__name__}: it is damaged or not ours")
-
-
-def check_batch_sizes(model_cfg, cfg):
-    """Sizes no machine can hold fail here, not after minutes of allocating."""
-    tokens = cfg.batch_size * model_cfg.block_size
-    if tokens > MAX_MICRO_BATCH_TOKENS:
-        raise UserError(
-            f"batch_size * block_size = {tokens:,} tokens in one micro-batch (at most {MAX_MICRO_BATCH_TOKENS:,}): "
-            "use a smaller batch_size and more gradient_accumulation_steps"
-        )
-    if cfg.eval_iters * cfg.batch_size > MAX_EVAL_WINDOWS:
-        raise UserError(
-            f"eval_iters * batch_size = {cfg.eval_iters * cfg.batch_size:,} windows per evaluation (at most "
-            f"{MAX_EVAL_WINDOWS:,}): use fewer eval_iters, or eval_iters=0 for the whole val split"
-        )
-
-
-def check_world_size(cfg, world_size):
-    if cfg.gradient_accumulation_steps % world_size:
-        G = cfg.gradient_accumulation_steps
-        raise UserError(
-            f"gradient_accumulation_steps={G} (the global count) must be divisible by the number of "
-            f"ranks, {world_size}: use a multiple of {world_size}, e.g. --gradient_accumulation_steps={G * world_size} "
-            f"--batch_size={max(1, cfg.batch_size // world_size)} for about the same global batch"
-        )
 
 
 def train(model_cfg, cfg):
