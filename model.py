@@ -279,7 +279,7 @@ class CausalSelfAttention(nn.Module):
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=(T > 1 and mask is None),
                 enable_gqa=self.n_kv_head != self.n_head,
             )  # (B, H, T, D)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        y = y.transpose(1, 2).reshape(B, T, C)  # heads side by side again (a view when T == 1)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -446,7 +446,7 @@ class GPT(nn.Module):
                 block.attn.rope_cos = block.attn.rope_cos[:block_size]
                 block.attn.rope_sin = block.attn.rope_sin[:block_size]
 
-    @torch.no_grad()
+    @torch.inference_mode()  # as no_grad, and no version counters: less work per small op
     def generate_stream(
         self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, min_p=None,
         repetition_penalty=1.0, stop_tokens=None, generator=None, use_cache=True, shift_context=False,
