@@ -178,14 +178,15 @@ def run(args):
 NANOGPT_BABY = dict(BABY_GPT, pos_encoding="learned", norm="layernorm", mlp="gelu_exact", tie_embeddings=True)
 
 
-def save_nanogpt_baby(folder, seed):
-    """The baby GPT (random weights) saved in nanoGPT's checkpoint layout, which both
-    nanoGPT's sample.py and ours load: our GPT with nanoGPT's architecture has its names."""
+def save_nanogpt_baby(folder, seed, **shape):
+    """The baby GPT (random weights; `shape` overrides) saved in nanoGPT's checkpoint layout, which
+    both nanoGPT's sample.py and ours load: our GPT with nanoGPT's architecture has its names."""
     from model import GPT, GPTConfig
 
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**NANOGPT_BABY))
-    args = {k: BABY_GPT[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")}
+    config = {**NANOGPT_BABY, **shape}
+    model = GPT(GPTConfig(**config))
+    args = {k: config[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")}
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model.state_dict(), "model_args": args, "iter_num": 0, "best_val_loss": 0.0,
                 "config": {"dataset": "shakespeare_char"}}, folder / "ckpt.pt")
