@@ -201,22 +201,23 @@ def write_char_meta(path, chars):
 
 
 def measure_floor_rates():
-    """(read bandwidth in bytes/s, fp32 matmul FLOP/s) of one thread, measured here."""
+    """(read bandwidth in bytes/s, fp32 matmul FLOP/s) of one thread, measured here in
+    CPU seconds of this thread (as the per-token costs are), best of 5 bursts."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    big = torch.ones(64 * 1024 * 1024)  # 256 MB: far larger than any cache
+    a = torch.randn(512, 512)
+    bandwidth = flops = 0.0
     try:
-        big = torch.ones(64 * 1024 * 1024)  # 256 MB: far larger than any cache
-        big.sum()
-        t0 = time.perf_counter()
-        for _ in range(4):
+        big.sum(), a @ a
+        for _ in range(5):
+            t0 = time.thread_time()
             big.sum()
-        bandwidth = 4 * big.numel() * 4 / (time.perf_counter() - t0)
-        a = torch.randn(512, 512)
-        a @ a
-        t0 = time.perf_counter()
-        for _ in range(40):
-            a @ a
-        flops = 40 * 2 * 512**3 / (time.perf_counter() - t0)
+            bandwidth = max(bandwidth, big.numel() * 4 / (time.thread_time() - t0))
+            t0 = time.thread_time()
+            for _ in range(10):
+                a @ a
+            flops = max(flops, 10 * 2 * 512**3 / (time.thread_time() - t0))
     finally:
         torch.set_num_threads(threads)
     return bandwidth, flops
