@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptkit import fused
 from gptkit.config import setting
 from gptkit.sampling import check_sampling_options, choose_next_token
 
@@ -134,7 +135,10 @@ class RMSNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x):
-        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)
+        if fused.use_fused(x):  # the same formula with a cheaper backward on CPUs (gptkit/fused.py)
+            y = fused.rms_norm(x, self.weight, NORM_EPS)
+        else:
+            y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)
         return y if self.bias is None else y + self.bias
 
 
@@ -279,7 +283,7 @@ class CausalSelfAttention(nn.Module):
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=(T > 1 and mask is None),
                 enable_gqa=self.n_kv_head != self.n_head,
             )  # (B, H, T, D)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        y = y.transpose(1, 2).reshape(B, T, C)  # heads side by side again (a view when T == 1)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -300,7 +304,7 @@ class MLP(nn.Module):
         elif self.kind == "gelu_exact":  # the erf form, as nanoGPT's nn.GELU(): its checkpoints load exactly
             h = F.gelu(h)
         elif self.kind == "relu2":  # Primer (So et al. 2021)
-            h = F.relu(h).square()
+            h = fused.relu2(h) if fused.use_fused(h) else F.relu(h).square()
         else:  # SwiGLU (Shazeer 2020): silu(gate) * up
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
@@ -446,7 +450,7 @@ class GPT(nn.Module):
                 block.attn.rope_cos = block.attn.rope_cos[:block_size]
                 block.attn.rope_sin = block.attn.rope_sin[:block_size]
 
-    @torch.no_grad()
+    @torch.inference_mode()  # as no_grad, and no version counters: less work per small op
     def generate_stream(
         self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, min_p=None,
         repetition_penalty=1.0, stop_tokens=None, generator=None, use_cache=True, shift_context=False,

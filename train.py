@@ -91,6 +91,7 @@ class TrainConfig:
     muon_lr: float = setting(0.02, "peak Muon learning rate (optimizer=muon)")
     muon_momentum: float = setting(0.95, "Muon momentum")
     muon_nesterov: bool = setting(True, "Nesterov momentum in Muon")
+    muon_ns_steps: int = setting(5, "Newton-Schulz iterations per Muon update (fewer are cheaper and rougher)")
     decay_lr: bool = setting(True, "follow lr_schedule; false = learning_rate at every step, no warmup")
     lr_schedule: str = setting("cosine", "cosine | constant | wsd (warmup, stable, decay)")
     warmup_iters: int = setting(2000, "linear warmup steps")
@@ -115,7 +116,7 @@ class TrainConfig:
             problems.append(f"compile={self.compile!r} must be auto, true or false")
         else:
             self.compile = {"1": "true", "0": "false"}.get(compile_, compile_)
-        for name in ("eval_interval", "log_interval", "gradient_accumulation_steps", "batch_size"):
+        for name in ("eval_interval", "log_interval", "gradient_accumulation_steps", "batch_size", "muon_ns_steps"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
         if self.lr_decay_iters is None:
@@ -258,6 +259,7 @@ def run(model_cfg, cfg, d, start):
     scaler = optim.make_scaler(ptdtype, device_type)
 
     iter_num, best_val_loss, val_loss, last_eval_iter, train_time = 0, math.inf, math.nan, -1, 0.0
+    cpu_offset = 0.0  # train_cpu_s: this process's CPU seconds (all threads), evaluations left out
     if ckpt is not None:
         distributed.agreed(d, lambda: check_resumable(ckpt, optimizers, out_dir, cfg))
         # Today's settings win (learning rates, weight decay, betas, momentum): keep
@@ -278,6 +280,7 @@ def run(model_cfg, cfg, d, start):
         iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
         val_loss, last_eval_iter = ckpt["val_loss"], ckpt.get("last_eval_iter", -1)
         train_time = ckpt.get("train_time_s", 0.0)
+        cpu_offset = -ckpt.get("train_cpu_s", 0.0)
         rng = ckpt["rng"]
         per_rank = rng.get("per_rank")
         if per_rank and len(per_rank) == d.world_size:
@@ -359,6 +362,7 @@ def run(model_cfg, cfg, d, start):
             "val_loss": val_loss,
             "last_eval_iter": last_eval_iter,
             "train_time_s": train_time,
+            "train_cpu_s": time.process_time() - cpu_offset,
             "data_fingerprint": meta.get("fingerprint"),
             "dataset": cfg.dataset,
             "provenance": prov,
@@ -391,8 +395,10 @@ def run(model_cfg, cfg, d, start):
             # does not repeat the evaluation its checkpoint was saved after.
             due = (iter_num % cfg.eval_interval == 0 or iter_num >= cfg.max_iters) and iter_num != last_eval_iter
             if due or cfg.eval_only:
+                cpu0 = time.process_time()
                 scores = evaluate(forward, module, batches, eval_sets, B, autocast, d, device, byte_lengths,
                                   stop, log.eval_progress(iter_num))
+                cpu_offset += time.process_time() - cpu0
                 if scores is None:  # a stop signal during the evaluation
                     return stopped(f"during the evaluation at iteration {iter_num}", save_now=iter_num > 0)
                 if not all(math.isfinite(scores[s].loss) for s in scores):
@@ -400,7 +406,8 @@ def run(model_cfg, cfg, d, start):
                 val_loss, last_eval_iter = scores["val"].loss, iter_num
                 lr = optim.lr_at(iter_num, cfg)
                 bpb = {f"{s}_bpb": scores[s].bpb for s in ("val", "train")} if byte_lengths is not None else {}
-                log.record({"kind": "eval", "iter": iter_num, "train_loss": scores["train"].loss, "val_loss": val_loss, **bpb, "lr": lr, "train_time_s": train_time})
+                log.record({"kind": "eval", "iter": iter_num, "train_loss": scores["train"].loss, "val_loss": val_loss, **bpb, "lr": lr, "train_time_s": train_time,
+                            "train_cpu_s": time.process_time() - cpu_offset})
                 if cfg.eval_only:
                     break
                 improved = val_loss < best_val_loss
@@ -468,6 +475,7 @@ def run(model_cfg, cfg, d, start):
                 mfu = estimate_mfu(model_cfg, tokens_per_s / d.world_size, peak_flops) if peak_flops else None
                 log.record({"kind": "train", "iter": iter_num, "loss": loss_mean, "lr": lr, "grad_norm": grad_norm,
                             "ms_per_iter": 1000 * dt, "tokens_per_s": tokens_per_s, "mfu": mfu, "train_time_s": train_time,
+                            "train_cpu_s": time.process_time() - cpu_offset,
                             **({"skipped": True} if not math.isfinite(grad_norm) else {})})
             iter_num += 1
             log.advance(dt)

@@ -24,6 +24,7 @@ is nearly twice the speed.
 import copy
 import dataclasses
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,6 +32,7 @@ from gptkit.errors import UserError
 
 BABY_GPT = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, bias=False, dropout=0.0)
 QUICK_START_CONFIG = "configs/shakespeare.py"
+REPO = Path(__file__).resolve().parent.parent
 MODES = [  # (row label, use_cache, shift_context)
     ("no cache: recompute the context (nanoGPT)", False, False),
     ("KV cache (same tokens as recomputing)", True, False),
@@ -43,6 +45,11 @@ def add_arguments(parser):
     parser.add_argument("--device", default="cpu", help="cpu, cuda, ... (default cpu)")
     parser.add_argument("--out_dir", default="out-shakespeare", help="where the quick-start model is looked for")
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--one_thread", action="store_true",
+                        help="CPU seconds per process at one thread (sample.py as subprocesses), against nanoGPT's sample.py with --nanogpt")
+    parser.add_argument("--nanogpt", default=None, help="a nanoGPT checkout to compare with (default: $NANOGPT_DIR)")
+    parser.add_argument("--new_tokens", type=int, default=1000, help="--one_thread: new tokens per baby-GPT sample")
+    parser.add_argument("--repeats", type=int, default=2, help="--one_thread: interleaved repeats (best is kept)")
 
 
 def sync(device):
@@ -160,5 +167,168 @@ def quick_start_table(args, device):
 
 
 def run(args):
+    if args.one_thread:
+        return one_thread_tables(args)
     device = torch.device(args.device)
     return [baby_gpt_table(args, device), quick_start_table(args, device)]
+
+
+# ------------------------------------------------- --one_thread: CPU seconds, nanoGPT's own sample.py
+
+NANOGPT_BABY = dict(BABY_GPT, pos_encoding="learned", norm="layernorm", mlp="gelu_exact", tie_embeddings=True)
+
+
+def save_nanogpt_baby(folder, seed, **shape):
+    """The baby GPT (random weights; `shape` overrides) saved in nanoGPT's checkpoint layout, which
+    both nanoGPT's sample.py and ours load: our GPT with nanoGPT's architecture has its names."""
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(seed)
+    config = {**NANOGPT_BABY, **shape}
+    model = GPT(GPTConfig(**config))
+    args = {k: config[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")}
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict(), "model_args": args, "iter_num": 0, "best_val_loss": 0.0,
+                "config": {"dataset": "shakespeare_char"}}, folder / "ckpt.pt")
+    return model
+
+
+def write_char_meta(path, chars):
+    import pickle
+
+    with open(path, "wb") as f:  # nanoGPT's meta.pkl: plain dicts, read back by our safe unpickler
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}, f)
+
+
+def measure_floor_rates():
+    """(read bandwidth in bytes/s, fp32 matmul FLOP/s) of one thread, measured here in
+    CPU seconds of this thread (as the per-token costs are), best of 5 bursts."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    big = torch.ones(64 * 1024 * 1024)  # 256 MB: far larger than any cache
+    a = torch.randn(512, 512)
+    bandwidth = flops = 0.0
+    try:
+        big.sum(), a @ a
+        for _ in range(5):
+            t0 = time.thread_time()
+            big.sum()
+            bandwidth = max(bandwidth, big.numel() * 4 / (time.thread_time() - t0))
+            t0 = time.thread_time()
+            for _ in range(10):
+                a @ a
+            flops = max(flops, 10 * 2 * 512**3 / (time.thread_time() - t0))
+    finally:
+        torch.set_num_threads(threads)
+    return bandwidth, flops
+
+
+def floor_ms(n_params, rows, bandwidth, flops):
+    """Least ms per new token: every fp32 weight read once per step (shared by `rows`
+    rows), or 2 FLOPs per weight per token, whichever takes longer."""
+    return 1000 * max(4 * n_params / rows / bandwidth, 2 * n_params / flops)
+
+
+def per_token_cpu(run_n, run_1, n):
+    """CPU ms per new token from runs of n and of 1 new token (start-up cancels)."""
+    return 1000 * (run_n - run_1) / (n - 1)
+
+
+def one_thread_tables(args):
+    import sys
+    import tempfile
+
+    from benchmarks import one_thread
+    from benchmarks.report import Table
+
+    nano = one_thread.nanogpt_dir(args.nanogpt)
+    n = 40 if args.quick else args.new_tokens
+    reps = 1 if args.quick else args.repeats
+    bandwidth, flops = measure_floor_rates()
+    work = Path(tempfile.mkdtemp(prefix="bench-sample-"))
+    model = save_nanogpt_baby(work / "baby", args.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    if nano is not None:
+        meta = one_thread.nanogpt_char_data(nano) / "meta.pkl"
+    else:
+        meta = work / "meta.pkl"
+        write_char_meta(meta, [chr(c) for c in range(32, 97)])
+    ours = [sys.executable, "sample.py", "--ckpt", str(work / "baby" / "ckpt.pt"), "--meta", str(meta),
+            "--device", "cpu", "--dtype", "float32", "--num_samples", "1", "--seed", str(args.seed)]
+    commands = {}
+    if nano is not None:
+        commands["nanoGPT's sample.py"] = (nano, [sys.executable, "sample.py", f"--out_dir={work / 'baby'}", "--device=cpu",
+                                                  "--dtype=float32", "--num_samples=1", f"--seed={args.seed}"], "--max_new_tokens={}")
+    commands["ours, exact (--shift_context false)"] = (REPO, ours + ["--shift_context", "false"], "--max_new_tokens={}")
+    commands["ours, default (KV cache + shift_context)"] = (REPO, ours, "--max_new_tokens={}")
+    cpu = {label: {n: [], 1: []} for label in commands}
+    wall = {label: [] for label in commands}
+    for rep in range(reps):  # A B A B: load changes hit every row alike
+        for count in (n, 1):
+            for label, (cwd, command, flag) in commands.items():
+                r = one_thread.run_one_thread(command + [flag.format(count)], cwd, work / "logs" / f"{len(cpu[label][count])}-{count}.log")
+                cpu[label][count].append(r["cpu_s"])
+                if count == n:
+                    wall[label].append(r["wall_s"])
+    floor = floor_ms(n_params, 1, bandwidth, flops)
+    base_label = next(iter(commands))
+    base_ms = per_token_cpu(min(cpu[base_label][n]), min(cpu[base_label][1]), n)
+    table = Table(
+        f"Sampling at one thread, CPU seconds: baby GPT (6x6x384, block 256, fp32), batch 1, {n:,} new tokens",
+        ["sampler", "process CPU s (n tokens)", "process CPU s (1 token)", "CPU ms/token", "tokens/CPU s",
+         f"vs {base_label}", "floor ms/token", "of floor", "wall s"],
+        note=f"Each row: `{' '.join(ours[1:2])} ...` run as a subprocess with OMP_NUM_THREADS=1, best of {reps} "
+        f"interleaved runs; per-token cost = (CPU s for {n} tokens - CPU s for 1 token) / {n - 1}, so start-up "
+        f"(imports, loading) cancels. Floor: {4 * n_params / 1e6:.1f} MB of fp32 weights read once per token at "
+        f"{bandwidth / 1e9:.1f} GB/s (one thread, measured), or 2 FLOPs per weight at {flops / 1e9:.1f} GFLOP/s "
+        "(512x512 fp32 matmul, one thread), whichever is slower. Random weights, temperature 0.8, top_k 200 "
+        "(sample.py's defaults in both).",
+    )
+    for label in commands:
+        ms = per_token_cpu(min(cpu[label][n]), min(cpu[label][1]), n)
+        table.add_row(label, round(min(cpu[label][n]), 2), round(min(cpu[label][1]), 2), round(ms, 3), round(1000 / ms, 1),
+                      f"{base_ms / ms:.1f}x", round(floor, 3), f"{100 * floor / ms:.0f}%", round(min(wall[label]), 1))
+    tables = [table]
+    tables.append(one_thread_batched_table(args, work, bandwidth, flops))
+    return tables
+
+
+def one_thread_batched_table(args, work, bandwidth, flops):
+    """sample.py's default (10 samples x 500 tokens, one batch) on the quick-start model, one thread."""
+    import sys
+
+    from benchmarks import one_thread
+    from benchmarks.report import Table
+    from gptkit import loading
+
+    num, n = (2, 40) if args.quick else (10, 500)
+    try:
+        path = loading.find_checkpoint(args.out_dir)
+    except UserError:
+        raise UserError(f"no quick-start model in {args.out_dir}: train one with `python train.py configs/shakespeare.py` first")
+    model, _, source = quick_start_model(args.out_dir)
+    n_params = sum(p.numel() for p in model.parameters())
+    base = [sys.executable, "sample.py", "--ckpt", str(path), "--device", "cpu", "--num_samples", str(num),
+            "--seed", str(args.seed), "--start", "ROMEO:"]
+    rows = {"no cache: recompute the context (--use_cache false)": base + ["--use_cache", "false"],
+            "sample.py's default (KV cache + shift_context)": base}
+    cpu = {label: {n: [], 1: []} for label in rows}
+    for rep in range(1 if args.quick else args.repeats):
+        for count in (n, 1):
+            for label, command in rows.items():
+                r = one_thread.run_one_thread(command + ["--max_new_tokens", str(count)], REPO,
+                                              work / "logs" / f"qs-{len(cpu[label][count])}-{count}.log")
+                cpu[label][count].append(r["cpu_s"])
+    floor = floor_ms(n_params, num, bandwidth, flops)
+    table = Table(
+        f"Sampling at one thread, CPU seconds: sample.py, {num} samples x {n} tokens as one batch, quick-start model",
+        ["sampler", "CPU ms/token", "tokens/CPU s", "vs no cache", "floor ms/token", "of floor"],
+        note=f"{source}. Per token = (CPU s for {n} tokens - CPU s for 1) / ({n - 1} x {num} rows); one thread, "
+        f"best of the interleaved runs. Floor: weights read once per step for {num} rows, or 2 FLOPs per weight per token.",
+    )
+    first = None
+    for label in rows:
+        ms = per_token_cpu(min(cpu[label][n]), min(cpu[label][1]), n) / num
+        first = first or ms
+        table.add_row(label, round(ms, 3), round(1000 / ms, 1), f"{first / ms:.1f}x", round(floor, 4), f"{100 * floor / ms:.0f}%")
+    return table

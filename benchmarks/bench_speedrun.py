@@ -91,6 +91,9 @@ def add_arguments(parser):
     parser.add_argument("--quick", action="store_true", help="smoke test: short runs, 1 seed")
     parser.add_argument("--keep_dir", default=None, help="keep every run's out_dir under this folder")
     parser.add_argument("--train_script", default="train.py", help="the training script (default train.py)")
+    parser.add_argument("--one_thread", action="store_true",
+                        help="CPU seconds per run at one thread, against nanoGPT's own train.py with --nanogpt (benchmarks/speedrun_cpu.py)")
+    parser.add_argument("--nanogpt", default=None, help="a nanoGPT checkout to compare with (default: $NANOGPT_DIR)")
 
 
 # ---------------------------------------------------------------- pure parts
@@ -280,6 +283,10 @@ def run(args):
     if known:  # an empty --help listing means a format we cannot read: let train.py judge
         for label, argv in configs:
             check_settings(label, argv, known)
+    if args.one_thread:
+        from benchmarks import speedrun_cpu
+
+        return speedrun_cpu.run(args, configs, Table, read_metrics)
 
     work = Path(args.keep_dir).resolve() if args.keep_dir else Path(tempfile.mkdtemp(prefix="speedrun-"))
     out_dirs = {(seed, i): work / f"seed{seed}-{i}" for seed in seeds for i in range(len(configs))}

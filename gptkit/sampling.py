@@ -90,7 +90,7 @@ def choose_next_token(
     # Shift the best logit to 0 before dividing: a tiny temperature then sends the others
     # to -inf (greedy in the limit) instead of overflowing all of them to inf and NaN.
     logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
-    if top_k:  # 0 and None are no limit, as in Hugging Face's generate
+    if top_k and top_k < logits.size(-1):  # 0 and None are no limit (as Hugging Face); k >= V keeps every token
         logits = filter_top_k(logits, top_k)
     if top_p is not None and top_p < 1:
         logits = filter_top_p(logits, top_p)

@@ -51,7 +51,9 @@ def test_short_run_loss_falls(data_dir, tmp_path):
     train_records = read_metrics(out, "train")
     assert [r["iter"] for r in train_records] == list(range(40))
     assert set(train_records[0]) >= {"kind", "iter", "loss", "lr", "grad_norm", "ms_per_iter", "tokens_per_s", "mfu", "train_time_s"}
-    assert set(evals[0]) == {"kind", "iter", "train_loss", "val_loss", "val_bpb", "train_bpb", "lr", "train_time_s"}
+    assert set(evals[0]) == {"kind", "iter", "train_loss", "val_loss", "val_bpb", "train_bpb", "lr", "train_time_s", "train_cpu_s"}
+    cpu = [r["train_cpu_s"] for r in train_records]  # CPU seconds without evaluations: they only grow
+    assert cpu[0] > 0 and all(b >= a for a, b in zip(cpu, cpu[1:]))
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert ckpt["iter_num"] == 40 and ckpt["dataset"] == "tiny"
     assert ckpt["tokenizer"]["type"] == "char"

@@ -102,6 +102,7 @@ def make_optimizers(model, cfg, device_type):
                 lr=cfg.muon_lr,
                 momentum=cfg.muon_momentum,
                 nesterov=cfg.muon_nesterov,
+                **({"ns_steps": cfg.muon_ns_steps} if hasattr(cfg, "muon_ns_steps") else {}),  # older saved settings: Muon's default
             )
         )
     for opt in optimizers:

@@ -345,3 +345,17 @@ def test_speedrun_plan_alternates_configs_and_ablations_override_last():
         assert argv[0] == "configs/shakespeare.py" and argv[-len(override):] == override, label
     quick = bench_speedrun.plan(parser.parse_args(["--quick"]))
     assert quick[0][1][-3:] == ["--max_iters=200", "--eval_interval=50", "--lr_decay_iters=200"]
+
+
+def test_cpu_seconds_to_target_interpolate_and_ns_steps_is_a_setting(tmp_path):
+    from benchmarks.speedrun_cpu import first_reach_cpu
+    from train import TrainConfig
+
+    records = [{"kind": "eval", "iter": 0, "val_loss": 4.0, "train_cpu_s": 2.0},
+               {"kind": "train", "iter": 50, "loss": 3.0, "train_cpu_s": 5.0},
+               {"kind": "eval", "iter": 100, "val_loss": 2.0, "train_cpu_s": 12.0}]
+    assert first_reach_cpu(records, 3.0) == (7.0, 50.0)
+    assert first_reach_cpu(records, 1.0) is None
+    assert TrainConfig(muon_ns_steps=3).muon_ns_steps == 3
+    with pytest.raises(ValueError, match="muon_ns_steps=0"):
+        TrainConfig(muon_ns_steps=0)

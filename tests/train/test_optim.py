@@ -13,7 +13,7 @@ from model import GPT, GPTConfig
 def cfg(**kw):
     base = dict(learning_rate=1e-3, min_lr=1e-4, decay_lr=True, warmup_iters=10, lr_decay_iters=100,
                 lr_schedule="cosine", cooldown_frac=0.2, weight_decay=0.1, beta1=0.9, beta2=0.95,
-                optimizer="adamw", muon_lr=0.02, muon_momentum=0.95, muon_nesterov=True)
+                optimizer="adamw", muon_lr=0.02, muon_momentum=0.95, muon_nesterov=True, muon_ns_steps=5)
     base.update(kw)
     return types.SimpleNamespace(**base)
 

@@ -1,0 +1,57 @@
+"""benchmarks/one_thread.py and bench_sample's --one_thread arithmetic: CPU seconds of a
+child process, the nanoGPT checkout check, the whole-split loss, the per-token floor."""
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks import one_thread
+from benchmarks.bench_sample import floor_ms, per_token_cpu, save_nanogpt_baby
+from gptkit.errors import UserError
+from train_helpers import write_char_dataset
+
+
+def test_child_cpu_seconds_count_a_busy_child(tmp_path):
+    busy = [sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"]
+    r = one_thread.run_one_thread(busy, tmp_path, tmp_path / "log.txt")
+    assert 0.25 < r["cpu_s"] < r["wall_s"] + 0.5
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        one_thread.run_one_thread([sys.executable, "-c", "raise SystemExit(3)"], tmp_path, tmp_path / "log2.txt")
+
+
+def test_a_folder_that_is_not_nanogpt_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv(one_thread.NANOGPT_ENV, raising=False)
+    assert one_thread.nanogpt_dir(None) is None
+    (tmp_path / "train.py").write_text("")
+    with pytest.raises(UserError, match="not a nanoGPT checkout .missing model.py"):
+        one_thread.nanogpt_dir(str(tmp_path))
+
+
+def test_whole_split_loss_of_a_nanogpt_checkpoint(tmp_path):
+    from benchmarks.bench_sample import write_char_meta
+
+    folder = write_char_dataset(tmp_path / "data", "tiny")
+    chars = __import__("json").loads((folder / "meta.json").read_text())["tokenizer"]["chars"]
+    write_char_meta(tmp_path / "meta.pkl", chars)
+    T = 16
+    model = save_nanogpt_baby(tmp_path / "out", 0, n_layer=1, n_head=2, n_embd=16, block_size=T, vocab_size=len(chars))
+    loss, iters = one_thread.full_split_val_loss(tmp_path / "out" / "ckpt.pt", tmp_path / "meta.pkl",
+                                                 data_dir=tmp_path / "data", dataset="tiny", batch_size=5)
+    # the same windows cut by hand: consecutive, non-overlapping, each with its next-token targets
+    val = np.fromfile(folder / "val.bin", dtype=np.uint16).astype(np.int64)
+    starts = range(0, len(val) - T, T)
+    x = torch.tensor(np.stack([val[s : s + T] for s in starts]))
+    y = torch.tensor(np.stack([val[s + 1 : s + T + 1] for s in starts]))
+    with torch.no_grad():
+        expected = model.eval()(x, y)[1].item()
+    assert iters == 0 and loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_per_token_cost_and_floor():
+    assert per_token_cpu(12.0, 2.0, 11) == pytest.approx(1000.0)  # start-up cancels
+    # 1M weights: 4 MB at 4 GB/s is 1 ms; 2 MFLOP at 1 GFLOP/s is 2 ms: the slower wins
+    assert floor_ms(1_000_000, 1, 4e9, 1e9) == pytest.approx(2.0)
+    assert floor_ms(1_000_000, 1, 1e9, 1e12) == pytest.approx(4.0)
+    assert floor_ms(1_000_000, 10, 1e9, 1e12) == pytest.approx(0.4)  # ten rows share one read
