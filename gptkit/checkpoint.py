@@ -22,6 +22,7 @@ import torch
 
 from gptkit import faults
 from gptkit.errors import RunFailed, UserError
+from gptkit.lock import fsync_dir
 
 FORMAT_VERSION = 1
 TEMP_MARK = ".tmp-"  # temporary files look like `.ckpt.pt.tmp-1234` and are never loaded
@@ -59,7 +60,7 @@ def save_checkpoint(obj, path):
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def write_text_atomic(path, text):
@@ -125,20 +126,6 @@ def deferred_interrupts():
                 previous(signal.SIGINT, pending[-1])
             elif previous == signal.SIG_DFL:
                 signal.raise_signal(signal.SIGINT)
-
-
-def _fsync_dir(folder):
-    """Make the rename itself durable (POSIX); a no-op where folders can't be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def load_checkpoint(path, map_location="cpu"):

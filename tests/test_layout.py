@@ -66,3 +66,10 @@ def test_package_never_imports_a_root_script_but_the_model():
                 continue
             problems += [f"{path.relative_to(REPO)} imports {m}" for m in found if m.split(".")[0] in scripts]
     assert problems == []
+
+
+def test_prepare_does_not_import_torch(tmp_path):
+    """prepare.py streams gigabytes in bounded memory: torch alone would add ~200 MB to it."""
+    code = "import sys, prepare; assert 'torch' not in sys.modules, 'prepare.py imports torch'"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

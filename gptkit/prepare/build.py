@@ -26,7 +26,7 @@ import numpy as np
 
 from gptkit import faults
 from gptkit.errors import UserError
-from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
+from gptkit.lock import LOCK_NAME, FolderLock, fsync_dir, remove_stale_temps
 from gptkit.prepare.encode import CHUNK_CHARS, any_cut, build_tasks, dtype_for, encode_task, gpt2_cut, make_pool, ordered_map
 from gptkit.prepare.shakespeare import TMP_MARK, shakespeare_input
 from gptkit.prepare.sources import iter_documents, resolve_inputs
@@ -41,14 +41,6 @@ NAMED_DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2"}
 
 
 # ---------------------------------------------------------------- writing
-
-
-def fsync_dir(folder):
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fingerprint(meta):

@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from gptkit import faults
 from gptkit.checkpoint import non_finite_tensors, save_checkpoint
+from gptkit.lock import fsync_dir
 from gptkit.errors import PeerFailed, RunFailed, UserError
 from gptkit.train import distributed
 from gptkit.train.run_state import rng_state
@@ -103,14 +104,14 @@ def save(kind, out_dir, model, optimizers, info, device, d):
             run = {"format_version": FORMAT_VERSION, "world_size": d.world_size, **info,
                    "scaler": None, "rng": {**rngs[0], "per_rank": rngs}}
             _write_json(tmp / RUN_FILE, run)  # last: its presence marks a whole checkpoint
-            _fsync(tmp)
+            fsync_dir(tmp)
             if not folder.exists() and is_complete(old):  # a save died between its renames
                 os.replace(old, folder)
             shutil.rmtree(old, ignore_errors=True)
             if folder.exists():
                 os.replace(folder, old)
             os.replace(tmp, folder)
-            _fsync(out_dir)
+            fsync_dir(out_dir)
             shutil.rmtree(old, ignore_errors=True)
     except (OSError, CheckpointException) as e:  # DCP wraps a rank's OSError in CheckpointException
         if d.is_main:
@@ -138,19 +139,6 @@ def _write_json(path, obj):
         json.dump(obj, f)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _fsync(folder):
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def rng_to_json(state):
