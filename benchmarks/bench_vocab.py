@@ -3,8 +3,8 @@
     python bench.py vocab                       # char, BPE 512 / 2,048 / 8,192, GPT-2 BPE; 100 iterations each
     python bench.py vocab --max_iters 20 --vocabs 512 --only char,bpe   # a quick smoke run
 
-Every run is configs/shakespeare.py (4 layers, 4 heads, 128 wide, block 64,
-batch 32, Muon) for the same number of iterations, so every model sees the
+Every run is configs/shakespeare.py (the quick start's model, block 64, batch
+32, Muon) for the same number of iterations, so every model sees the
 same number of training *tokens* (a BPE token holds more text than a
 character, which is the point of BPE). Afterwards the final weights are scored
 on the whole validation split in non-overlapping windows: the summed loss over

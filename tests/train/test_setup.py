@@ -21,7 +21,7 @@ def quick_start_model(vocab_size):
 def test_quick_start_with_gpt2_bpe_is_named_with_its_shares():
     model = quick_start_model(50257)
     note = embedding_heavy_note(model, "scratch")
-    embedding = 2 * 50257 * 128  # untied wte and lm_head; RoPE has no position table
+    embedding = 2 * 50257 * model.config.n_embd  # untied wte and lm_head; RoPE has no position table
     total = sum(p.numel() for p in model.parameters())
     assert f"{embedding / 1e6:.2f}M of the {total / 1e6:.2f}M parameters ({embedding / total:.0%})" in note
     assert f"{(total - embedding) / 1e6:.2f}M the blocks" in note and embedding / total > 0.9
