@@ -240,15 +240,31 @@ class Batches:
     On CUDA the host tensors are pinned and copied asynchronously; PyTorch's
     pinned-memory allocator keeps each buffer until its copy has finished."""
 
-    def __init__(self, data_dir, name, meta, block_size, device):
+    def __init__(self, data_dir, name, meta, block_size, device, batch_size=None, accumulation=None, seed=0):
         folder = dataset_dir(data_dir, name)
         self.splits = {s: TokenBin(folder / f"{s}.bin", meta["dtype"]) for s in ("train", "val")}
         self.block_size = block_size
         self.vocab_size = meta["vocab_size"]
         self.device = torch.device(device)
+        self.batch_size, self.accumulation, self.seed = batch_size, accumulation, seed
+
+    def micro_batches(self, step, rank=0, world_size=1):
+        """This rank's (x, y) micro-batches of iteration `step`: the global batch of
+        batch_size * accumulation windows is cut into `accumulation` micro-batches,
+        rank r taking the r-th run of accumulation / world_size of them. Read one
+        at a time, as the loop asks for them."""
+        offsets = global_batch_offsets(self.seed, step, self.n_tokens("train"), self.block_size,
+                                       self.batch_size * self.accumulation)
+        local = self.accumulation // world_size
+        for chunk in range(rank * local, (rank + 1) * local):
+            yield self.get("train", micro_batch_offsets(offsets, self.batch_size, chunk))
 
     def n_tokens(self, split):
         return self.splits[split].n_tokens
+
+    def read(self, split, start, n):
+        """n tokens of a split from `start`, as a numpy array (for gptkit.scoring)."""
+        return self.splits[split].read_windows([start], n, self.vocab_size)[0]
 
     def get(self, split, offsets):
         windows = torch.from_numpy(self.splits[split].read_windows(offsets, self.block_size + 1, self.vocab_size))

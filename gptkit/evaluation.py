@@ -160,8 +160,9 @@ def score_sequences(candidate, n_tokens, read, settings, what):
             bar.update(min(done * settings.batch_size, len(windows)) - bar.n)
 
     try:
-        total = scoring.score_windows(lambda x, y: model(x, y), read, windows, T, settings.batch_size,
-                                      byte_lengths, settings.device, settings.autocast, between_batches=advance)
+        total = scoring.score_windows(lambda x, y: model(x, y), read, windows, block_size=T,
+                                      batch_size=settings.batch_size, byte_lengths=byte_lengths,
+                                      device=settings.device, autocast=settings.autocast, between_batches=advance)
     finally:
         if bar is not None:
             bar.close()

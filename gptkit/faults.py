@@ -11,9 +11,12 @@ variable GPT_FAULTS to a comma-separated list, e.g.
     GPT_FAULTS=fail_at=3,fail_rank=1    rank 1 raises a RuntimeError in its forward pass at iteration 3
     GPT_FAULTS=fail_at=3,fail_kind=user the same as a UserError (a bad batch), on every rank without fail_rank
 
-Users never need this; it does nothing when the variable is unset.
+Users never need this; it does nothing when the variable is unset. The training
+faults are hooks that `install` puts on the model once at set-up, so the training
+step itself carries no fault-injection code.
 """
 
+import math
 import os
 import signal
 
@@ -58,7 +61,37 @@ def maybe_fail(step):
     raise RuntimeError(f"injected failure at iteration {step} (GPT_FAULTS)")
 
 
-def maybe_sigterm(step):
-    """Send this process SIGTERM at step N (`sigterm_at=N`), as torchrun would forward it."""
-    if at_step("sigterm_at", step):
-        os.kill(os.getpid(), signal.SIGTERM)
+def install(model, iteration):
+    """Put the training faults GPT_FAULTS asks for on `model` (the raw model, before
+    DDP or compile wrap it); `iteration()` is the training loop's current iteration.
+    Training forward passes only (model.training): evaluations are left alone.
+
+    sigterm_at=N    SIGTERM to this process in iteration N's first forward pass
+    fail_at=N       an error raised after iteration N's forward pass (see maybe_fail)
+    nan_loss_at=N   iteration N's loss becomes NaN
+    inf_grad_at=N   the first parameter's gradient becomes infinite in iteration N
+                    (one process: DDP and FSDP write the reduced gradients themselves)"""
+    faults = active()
+    if not any(k in faults for k in ("sigterm_at", "fail_at", "nan_loss_at", "inf_grad_at")):
+        return
+    signalled = set()
+
+    def after_forward(module, args, output):
+        if not module.training:
+            return None
+        step = iteration()
+        if at_step("sigterm_at", step) and step not in signalled:
+            signalled.add(step)
+            os.kill(os.getpid(), signal.SIGTERM)  # as torchrun forwards it: the step still completes
+        maybe_fail(step)
+        if at_step("nan_loss_at", step):
+            logits, loss = output
+            return logits, loss * float("nan")
+        return None
+
+    def after_grad(param):
+        if at_step("inf_grad_at", iteration()):
+            param.grad.fill_(math.inf)
+
+    model.register_forward_hook(after_forward)
+    next(p for p in model.parameters() if p.requires_grad).register_post_accumulate_grad_hook(after_grad)

@@ -97,10 +97,15 @@ def score_batch(forward, x, y, byte_lengths):
 
 
 @torch.no_grad()
-def score_windows(forward, read, windows, block_size, batch_size, byte_lengths, device, autocast,
+def score_windows(forward, read, windows, *, block_size, batch_size, byte_lengths, device, autocast,
                   rank=0, world_size=1, between_batches=None):
     """Sum (nats, targets, bytes) over `windows`, batch_size windows per forward pass.
     With several ranks each takes every world_size-th batch; the caller all-reduces.
+
+    Every rank runs the same number of forward passes: a rank whose share has run out
+    scores an empty batch (every target -1) and adds nothing, because under FSDP each
+    forward pass is a collective (the blocks' weights are all-gathered) that all
+    ranks must join, or the job hangs.
 
     `between_batches(done, total)` is called after every round (one batch on each
     rank, the same count on every rank, so it may use collectives): a progress bar,
@@ -115,6 +120,10 @@ def score_windows(forward, read, windows, block_size, batch_size, byte_lengths, 
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with autocast:
                 total += score_batch(forward, x, y, byte_lengths).to(total.dtype)
+        elif world_size > 1:  # keep step with the other ranks' forward passes; the loss is discarded
+            empty = torch.zeros(1, block_size, dtype=torch.int64, device=device)
+            with autocast:
+                forward(empty, torch.full_like(empty, -1))
         if between_batches is not None and between_batches(r + 1, rounds):
             return None
     return total

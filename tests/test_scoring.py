@@ -44,8 +44,9 @@ def test_scored_count_and_loss_match_a_per_token_loop(block_size, stride, batch_
     ids = rng.integers(0, 11, size=57)
     model = tiny_model(11, block_size)
     total = scoring.score_windows(lambda x, y: model(x, y), lambda _, s, n: ids[s : s + n],
-                                  scoring.plan_windows([len(ids)], block_size, stride), block_size, batch_size,
-                                  torch.ones(11, dtype=torch.int64), "cpu", torch.autocast("cpu", enabled=False))
+                                  scoring.plan_windows([len(ids)], block_size, stride), block_size=block_size,
+                                  batch_size=batch_size, byte_lengths=torch.ones(11, dtype=torch.int64), device="cpu",
+                                  autocast=torch.autocast("cpu", enabled=False))
     score = scoring.Score.from_tensor(total)
     assert score.tokens == score.bytes == len(ids) - 1
     expected = 0.0
@@ -63,8 +64,9 @@ def test_bits_per_byte_of_a_char_model_on_ascii_is_nats_over_ln2():
     ids = np.array(tok.encode(text))
     model = tiny_model(tok.vocab_size, 16)
     total = scoring.score_windows(lambda x, y: model(x, y), lambda _, s, n: ids[s : s + n],
-                                  scoring.plan_windows([len(ids)], 16, 16), 16, 4,
-                                  scoring.byte_lengths_tensor(tok, "cpu"), "cpu", torch.autocast("cpu", enabled=False))
+                                  scoring.plan_windows([len(ids)], 16, 16), block_size=16, batch_size=4,
+                                  byte_lengths=scoring.byte_lengths_tensor(tok, "cpu"), device="cpu",
+                                  autocast=torch.autocast("cpu", enabled=False))
     s = scoring.Score.from_tensor(total)
     assert s.tokens == s.bytes == len(text) - 1
     assert s.bpb == s.loss / math.log(2) * s.tokens / s.bytes

@@ -64,6 +64,24 @@ def test_short_run_loss_falls(data_dir, tmp_path):
     assert (out / "config.json").is_file()
 
 
+def test_a_checkpoint_saved_before_the_newer_loop_fields_still_resumes_exactly(data_dir, tmp_path):
+    """Checkpoints older than last_eval_iter, train_time_s and train_cpu_s (flat keys
+    iter_num, best_val_loss, val_loss only) resume, and the RunState's other fields
+    start from their defaults: the run goes on as if never stopped."""
+    full, old = tmp_path / "full", tmp_path / "old"
+    assert train.main(tiny_args(data_dir, full, max_iters=20)) == 0
+    assert train.main(tiny_args(data_dir, old, max_iters=10)) == 0
+    ckpt = load_checkpoint(old / "ckpt.pt")
+    for key in ("last_eval_iter", "train_time_s", "train_cpu_s"):
+        del ckpt[key]
+    torch.save(ckpt, old / "ckpt.pt")
+    assert train.main(tiny_args(data_dir, old, max_iters=20, init_from="resume")) == 0
+    a, b = losses_by_iter(full), losses_by_iter(old)
+    assert sorted(b) == list(range(20)) and all(abs(a[i] - b[i]) < 1e-6 for i in a)
+    resumed = load_checkpoint(old / "ckpt.pt")
+    assert resumed["iter_num"] == 20 and resumed["last_eval_iter"] == 20 and resumed["train_time_s"] > 0
+
+
 def test_resume_from_eval_checkpoint_equals_uninterrupted(data_dir, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     assert train.main(tiny_args(data_dir, full, max_iters=20)) == 0

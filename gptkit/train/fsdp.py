@@ -62,19 +62,6 @@ def shard(model, compute_dtype):
     return model
 
 
-def set_gradient_sync(module, sync):
-    """DDP: average gradients only on the last micro-step (no_sync before it).
-
-    FSDP reduce-scatters after every micro-step instead: skipping it would keep an
-    unsharded fp32 gradient of the whole model until the last one (4 bytes a
-    parameter, 6.2 GB for GPT-2 XL), which is the memory FSDP is used to save. It
-    all-gathers every block on every micro-step anyway, so this adds about half
-    again to its traffic."""
-    if hasattr(module, "set_requires_gradient_sync"):  # FSDP2: accumulate sharded gradients
-        return
-    module.require_backward_grad_sync = sync
-
-
 def checkpoint_blocks(model):
     """Recompute every block's activations in backward instead of keeping them."""
     for block in model.transformer.h:
@@ -89,8 +76,3 @@ def full_weights(model):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def norm_value(norm):
-    """clip_grad_norm_ over DTensor gradients returns a DTensor: its global value."""
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm

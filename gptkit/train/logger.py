@@ -15,6 +15,7 @@ import netrc
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -78,19 +79,54 @@ def trim_metrics(path, resume_iter):
     write_text_atomic(path, "".join(line + "\n" for line in kept))
 
 
-class Logger:
-    """Rank 0's logs; on other ranks every method does nothing."""
+class Clock:
+    """The run's two clocks, kept in its RunState so that a checkpoint saves them:
+    train_time_s, wall seconds inside training steps (`with clock.step():`), and
+    train_cpu_s, this process's CPU seconds (all threads) with evaluations left
+    out (`with clock.paused():`), the figure bench.py's one-thread comparisons read."""
 
-    def __init__(self, cfg, out_dir, enabled, total_iters, start_iter, run_config, write_files=True):
+    def __init__(self, state):
+        self.state = state
+        self.cpu_offset = -state.train_cpu_s  # a resumed run goes on counting
+        self.last_step_s = 0.0
+
+    @contextmanager
+    def step(self):
+        t0 = time.perf_counter()
+        yield
+        self.last_step_s = time.perf_counter() - t0
+        self.state.train_time_s += self.last_step_s
+        self.state.train_cpu_s = time.process_time() - self.cpu_offset
+
+    @contextmanager
+    def paused(self):
+        cpu0 = time.process_time()
+        try:
+            yield
+        finally:
+            self.cpu_offset += time.process_time() - cpu0
+            self.state.train_cpu_s = time.process_time() - self.cpu_offset
+
+
+class Logger:
+    """Rank 0's logs; on other ranks every method does nothing (the clock still runs).
+
+    `mfu(tokens_per_s)` gives the model FLOPs utilisation of this rank's share of a
+    step's tokens, or None where no peak is known."""
+
+    def __init__(self, cfg, state, run_config, enabled, write_files=True, tokens_per_iter=0, mfu=None):
         self.enabled = enabled
+        self.state, self.clock = state, Clock(state)
+        self.log_interval, self.tokens_per_iter, self.mfu = cfg.log_interval, tokens_per_iter, mfu
         self.bar = None
         self.wandb = None
         self.metrics = None
-        self.total_iters = total_iters
+        self.total_iters = cfg.max_iters
         self.seconds_per_iter = None  # a running mean, for the ETA
         self.tty = sys.stdout.isatty()
         if not enabled:
             return
+        out_dir, start_iter = cfg.out_dir, state.iter_num
         if cfg.wandb_log and write_files:  # first: a wandb failure leaves no files behind
             self.wandb = start_wandb(cfg, run_config)
         if write_files:
@@ -100,7 +136,7 @@ class Logger:
         if cfg.progress_bar and self.tty:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_iters, initial=start_iter, unit="it", dynamic_ncols=True)
+            self.bar = tqdm(total=self.total_iters, initial=start_iter, unit="it", dynamic_ncols=True)
 
     def print(self, text):
         if not self.enabled:
@@ -131,6 +167,31 @@ class Logger:
             prefix = "train" if rec["kind"] == "train" else "eval"
             data = {f"{prefix}/{k}": v for k, v in rec.items() if k not in ("kind", "iter") and v is not None}
             self.wandb.log(data, step=rec["iter"])
+
+    def train(self, loss, grad_norm, lr):
+        """The step just taken (iteration state.iter_num, timed by the clock): a record
+        every log_interval iterations, and the progress bar."""
+        dt = self.clock.last_step_s
+        if self.state.iter_num % self.log_interval == 0:
+            tokens_per_s = self.tokens_per_iter / dt
+            self.record({"kind": "train", "iter": self.state.iter_num, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                         "ms_per_iter": 1000 * dt, "tokens_per_s": tokens_per_s,
+                         "mfu": self.mfu(tokens_per_s) if self.mfu else None, **self._clocks(),
+                         **({"skipped": True} if not math.isfinite(grad_norm) else {})})
+        self.advance(dt)
+
+    def eval(self, scores, lr):
+        """An evaluation's losses ({split: gptkit.scoring.Score}) at state.iter_num."""
+        bpb = {f"{s}_bpb": scores[s].bpb for s in ("val", "train")} if self.has_bpb(scores) else {}
+        self.record({"kind": "eval", "iter": self.state.iter_num, "train_loss": scores["train"].loss,
+                     "val_loss": scores["val"].loss, **bpb, "lr": lr, **self._clocks()})
+
+    @staticmethod
+    def has_bpb(scores):
+        return all(score.bytes > 0 for score in scores.values())
+
+    def _clocks(self):
+        return {"train_time_s": self.state.train_time_s, "train_cpu_s": self.state.train_cpu_s}
 
     def advance(self, seconds):
         """One more iteration done, that took `seconds`."""

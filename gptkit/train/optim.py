@@ -1,7 +1,7 @@
 """Optimizers and the learning-rate schedule, built from the training settings.
 
     optimizers = make_optimizers(model, cfg, device_type="cuda")  # [AdamW] or [AdamW, Muon]
-    lr = lr_at(step, cfg)  # pure: the schedule can be tested and plotted without a model
+    set_lr(optimizers, lr_scale(step, cfg))  # pure: the schedule can be tested and plotted without a model
 
 AdamW decays only the matrices (weights of linear layers and embeddings), not
 biases or norm gains: decaying a bias or a gain towards zero only pulls the
@@ -13,37 +13,43 @@ import math
 import torch
 
 
-def lr_at(step, cfg):
-    """Learning rate of AdamW at iteration `step` (0-based) for the settings in `cfg`.
+def lr_scale(step, cfg):
+    """The schedule's factor at iteration `step` (0-based): every parameter group
+    trains at its peak rate (AdamW's learning_rate, Muon's muon_lr) times this.
 
-    decay_lr=False: `learning_rate` at every step (nanoGPT's meaning). Otherwise a
-    linear warmup over `warmup_iters`, then by `lr_schedule`:
-      cosine   - cosine decay to `min_lr` at `lr_decay_iters`, `min_lr` after;
-      constant - `learning_rate` after the warmup;
-      wsd      - warmup, stable at `learning_rate`, then a linear cooldown to
-                 `min_lr` over the last `cooldown_frac` of `lr_decay_iters`
-                 (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training
-                 Beyond Fixed Training Durations").
+    decay_lr=False: 1 at every step (nanoGPT's meaning). Otherwise a linear warmup
+    over `warmup_iters`, then by `lr_schedule`:
+      cosine   - cosine decay to min_lr / learning_rate at `lr_decay_iters`, that after;
+      constant - 1 after the warmup;
+      wsd      - warmup, stable at 1, then a linear cooldown to min_lr / learning_rate
+                 over the last `cooldown_frac` of `lr_decay_iters` (Hägele et al.
+                 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed
+                 Training Durations").
     """
-    lr, min_lr = cfg.learning_rate, cfg.min_lr
     if not cfg.decay_lr:
-        return lr
+        return 1.0
     if step < cfg.warmup_iters:
-        return lr * (step + 1) / (cfg.warmup_iters + 1)
+        return (step + 1) / (cfg.warmup_iters + 1)
     if cfg.lr_schedule == "constant":
-        return lr
+        return 1.0
+    floor = cfg.min_lr / cfg.learning_rate if cfg.learning_rate > 0 else 0.0
     if step >= cfg.lr_decay_iters:
-        return min_lr
+        return floor
     if cfg.lr_schedule == "wsd":
         cooldown_start = cfg.lr_decay_iters * (1 - cfg.cooldown_frac)
         if step < cooldown_start:
-            return lr
+            return 1.0
         frac = (step - cooldown_start) / max(cfg.lr_decay_iters - cooldown_start, 1e-9)
-        return lr + frac * (min_lr - lr)
+        return 1.0 + frac * (floor - 1.0)
     assert cfg.lr_schedule == "cosine", cfg.lr_schedule
     frac = (step - cfg.warmup_iters) / max(cfg.lr_decay_iters - cfg.warmup_iters, 1)
     coeff = 0.5 * (1.0 + math.cos(math.pi * frac))  # 1 -> 0
-    return min_lr + coeff * (lr - min_lr)
+    return floor + coeff * (1.0 - floor)
+
+
+def lr_at(step, cfg):
+    """AdamW's learning rate at iteration `step`: what the log shows."""
+    return cfg.learning_rate * lr_scale(step, cfg)
 
 
 def schedule_warnings(cfg):
@@ -78,8 +84,8 @@ def make_optimizers(model, cfg, device_type):
     """[AdamW] or, with optimizer="muon", [AdamW, Muon] for the raw model.
 
     Every param group remembers its own peak rate in "base_lr", and
-    `set_lr(optimizers, lr_at(step, cfg) / cfg.learning_rate)` scales them all
-    by the schedule, so Muon follows the same warmup and decay as AdamW."""
+    `set_lr(optimizers, lr_scale(step, cfg))` scales them all by the schedule,
+    so Muon follows the same warmup and decay as AdamW."""
     fused = device_type == "cuda"  # one kernel for all parameters; CUDA only
     if cfg.optimizer == "adamw":
         adamw_named = list(model.named_parameters())
@@ -119,7 +125,17 @@ def set_lr(optimizers, scale):
 
 
 def make_scaler(dtype, device_type):
-    """A GradScaler for float16 (its small range needs loss scaling), else None."""
-    if dtype != torch.float16:
-        return None
-    return torch.amp.GradScaler(device_type)
+    """A GradScaler, enabled for float16 only (its small range needs loss scaling).
+    Disabled, it is the identity: scale() returns the loss, step() just steps."""
+    return torch.amp.GradScaler(device_type, enabled=dtype == torch.float16)
+
+
+def clip_gradients(model, max_norm):
+    """The global gradient norm (all ranks' shards under FSDP), after clipping it to
+    max_norm when max_norm > 0 (the norm returned is the one before clipping)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if max_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor's global value

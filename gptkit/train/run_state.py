@@ -1,9 +1,11 @@
-"""What a checkpoint records about the run besides the weights: every RNG state
-(so a resumed run draws the same dropout masks) and provenance (which code,
-versions and device made it). All as tensors and plain values, which
-`torch.load(weights_only=True)` accepts: numpy's state array becomes a tensor.
+"""What a checkpoint records about the run besides the weights: the training loop's
+state (RunState), every RNG state (so a resumed run draws the same dropout masks)
+and provenance (which code, versions and device made it). All as tensors and plain
+values, which `torch.load(weights_only=True)` accepts: numpy's state array becomes a tensor.
 """
 
+import dataclasses
+import math
 import platform
 import random
 import subprocess
@@ -11,6 +13,29 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+
+@dataclasses.dataclass
+class RunState:
+    """What the training loop carries from one iteration to the next, and what a
+    checkpoint saves of it (as top-level keys: `**asdict(state)`)."""
+
+    iter_num: int = 0  # optimizer steps taken
+    best_val_loss: float = math.inf
+    val_loss: float = math.nan  # at the latest evaluation
+    last_eval_iter: int = -1  # a resumed run does not repeat the evaluation its checkpoint was saved after
+    train_time_s: float = 0.0  # wall seconds inside training steps
+    train_cpu_s: float = 0.0  # this process's CPU seconds (all threads), evaluations left out
+
+    @classmethod
+    def from_checkpoint(cls, ckpt):
+        """The state a checkpoint saved. Checkpoints older than last_eval_iter,
+        train_time_s or train_cpu_s lack them: those start from their defaults."""
+        return cls(**{f.name: ckpt[f.name] for f in dataclasses.fields(cls) if f.name in ckpt})
+
+    def eval_due(self, eval_interval, max_iters):
+        """Evaluate (and save) every eval_interval iterations and at the end, once per iteration."""
+        return (self.iter_num % eval_interval == 0 or self.iter_num >= max_iters) and self.iter_num != self.last_eval_iter
 
 
 def provenance(device):

@@ -1,21 +1,188 @@
-"""What a run starts from: its out_dir (one writer, no silent overwrite), the model
-(scratch, its own checkpoint, or GPT-2), the forward pass through torch.compile
-with an eager fallback, and the checks that need more than one setting (sizes,
-ranks, a checkpoint to resume)."""
+"""Setting a training run up, in the order train.py calls it:
+
+    dev = Device.choose(cfg, dist)                          # device, dtype, autocast, compile
+    meta, raw_model, model_cfg, ckpt = start(model_cfg, cfg, dist, dev)   # data and model
+    shard(raw_model, ckpt, cfg, dist, dev)                  # FSDP only
+    state = resume(ckpt, raw_model, optimizers, scaler, cfg, dist, dev)   # or RunState()
+    model = wrap(raw_model, cfg, dist, dev)                 # DDP, then torch.compile
+    plan = eval_plan(cfg, meta, batches, dev, dist)         # what each evaluation scores
+
+Also here: the out_dir (one writer, no silent overwrite), the forward pass through
+torch.compile with an eager fallback, and the checks that need more than one
+setting (sizes, ranks, a checkpoint to resume)."""
 
 import dataclasses
+import random
 import shutil
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from gptkit import dataset
+from gptkit import faults
+from gptkit import scoring
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
+from gptkit.device import resolve_device, training_dtype
 from gptkit.errors import UserError
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
+from gptkit.tokenizer import tokenizer_from_dict
+from gptkit.train import distributed
+from gptkit.train import fsdp
+from gptkit.train import optim
 from gptkit.train import sharded
+from gptkit.train.run_state import RunState, set_rng_state
 from model import GPT, GPTConfig
+
+FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
+
+
+@dataclasses.dataclass
+class Device:
+    """Where and in what number format this rank trains."""
+
+    name: str  # "cpu", "cuda:3", "mps"
+    dtype: torch.dtype  # the autocast dtype (float32: no autocast)
+    compile: bool
+
+    @property
+    def type(self):
+        return self.name.split(":")[0]
+
+    @classmethod
+    def choose(cls, cfg, dist):
+        device = str(resolve_device(cfg.device, dist.local_rank if dist.enabled else None))
+        dtype = training_dtype(cfg.dtype, device.split(":")[0])
+        distributed.agreed(dist, lambda: fsdp.check_settings(cfg.parallel, dist.enabled, dtype))
+        if device.startswith("cuda"):  # TF32 for float32 matmuls and convolutions
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        use_compile = cfg.compile == "true" or (cfg.compile == "auto" and device.startswith("cuda"))
+        return cls(device, dtype, use_compile)
+
+    def autocast(self):
+        return nullcontext() if self.dtype == torch.float32 else torch.autocast(self.type, dtype=self.dtype)
+
+
+def start(model_cfg, cfg, dist, dev):
+    """(meta, raw model on the device, its config, checkpoint or None): rank 0 prepares a
+    missing named dataset, then every rank checks it and builds the same model."""
+    distributed.agreed(dist, lambda: dataset.ensure_dataset(cfg.data_dir, cfg.dataset) if dist.is_main else None)
+    meta = distributed.agreed(dist, lambda: dataset.load_meta(cfg.data_dir, cfg.dataset))
+    torch.manual_seed(cfg.seed + dist.rank)  # different dropout on each rank
+    random.seed(cfg.seed + dist.rank)
+    np.random.seed(cfg.seed + dist.rank)
+    raw_model, model_cfg, ckpt = distributed.agreed(dist, lambda: init_model(model_cfg, cfg, meta, Path(cfg.out_dir)))
+    folder = Path(cfg.data_dir) / cfg.dataset
+    distributed.agreed(dist, lambda: dataset.check_block_size(meta, model_cfg.block_size, folder))
+    if dist.is_main:
+        for warning in optim.schedule_warnings(cfg):
+            print(f"warning: {warning}")
+    raw_model.to(dev.name)
+    if cfg.activation_checkpointing:
+        fsdp.checkpoint_blocks(raw_model)
+    return meta, raw_model, model_cfg, ckpt
+
+
+def shard(raw_model, ckpt, cfg, dist, dev):
+    """parallel=fsdp: split every parameter across the ranks, in place, from the same
+    initial weights on every rank (as DDP broadcasts them). Nothing under DDP."""
+    if cfg.parallel != "fsdp":
+        return
+    if ckpt is None:
+        distributed.broadcast_params(raw_model, dist)
+    elif "sharded" not in ckpt:  # a one-file checkpoint: its optimizer states by parameter name
+        ckpt["optimizer"] = sharded.optimizer_state_by_name(raw_model, cfg, dev.type, ckpt["optimizer"], Path(cfg.out_dir))
+    fsdp.shard(raw_model, dev.dtype)
+
+
+def resume(ckpt, raw_model, optimizers, scaler, cfg, dist, dev):
+    """Load a checkpoint's optimizer, GradScaler and RNG states into this run (its
+    weights are in already); returns the loop's RunState. Today's hyperparameters win
+    (learning rates, weight decay, betas, momentum) over the ones saved with the state."""
+    out_dir = Path(cfg.out_dir)
+    distributed.agreed(dist, lambda: check_resumable(ckpt, optimizers, out_dir, cfg))
+    fresh = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in optimizers]
+    if "sharded" in ckpt:  # out_dir/ckpt/: weights and optimizer states, resharded to this run
+        sharded.load_into(ckpt["sharded"], raw_model, optimizers)
+    elif cfg.parallel == "fsdp":
+        sharded.load_full_optimizer_state(raw_model, optimizers, ckpt["optimizer"])
+    else:
+        for opt, saved in zip(optimizers, ckpt["optimizer"]):
+            opt.load_state_dict(saved)
+    for opt, groups in zip(optimizers, fresh):
+        for g, hyper in zip(opt.param_groups, groups):
+            g.update(hyper)
+    if scaler.is_enabled() and ckpt.get("scaler"):
+        scaler.load_state_dict(ckpt["scaler"])
+    rng = ckpt["rng"]
+    per_rank = rng.get("per_rank")
+    if per_rank and len(per_rank) == dist.world_size:
+        rng = {**rng, **per_rank[dist.rank]}
+    elif dist.world_size > 1:
+        print(f"warning: rank {dist.rank}: the checkpoint's RNG states were saved by another number of ranks; dropout will not repeat exactly")
+    set_rng_state(rng, dev.name)
+    state = RunState.from_checkpoint(ckpt)
+    if dist.is_main:
+        source = ckpt["sharded"] if "sharded" in ckpt else out_dir / "ckpt.pt"
+        print(f"resumed from {source} at iteration {state.iter_num} (best val loss {state.best_val_loss:.4f})")
+    return state
+
+
+def wrap(raw_model, cfg, dist, dev, iteration):
+    """The model the training step calls: DDP around the raw model when there are
+    several ranks (FSDP has sharded it in place already), then torch.compile.
+    `iteration()` is the loop's iteration, for the test-only faults (gptkit/faults.py)."""
+    faults.install(raw_model, iteration)
+    module = raw_model
+    if dist.enabled and cfg.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        # Buffers (masks, RoPE tables) are built identically on every rank: no need to
+        # broadcast them, and not doing so keeps forward passes free of collectives.
+        module = DDP(raw_model, device_ids=[dist.local_rank] if dev.type == "cuda" else None, broadcast_buffers=False)
+    return Forward(module, dev.compile)
+
+
+@dataclasses.dataclass
+class EvalPlan:
+    """What every evaluation scores: the windows of each split (gptkit.scoring rows),
+    read from `batches`, batch_size at a time, each rank taking every W-th batch."""
+
+    batches: dataset.Batches
+    windows: dict  # split -> int64 (N, 4) plan_windows rows
+    batch_size: int
+    byte_lengths: torch.Tensor | None  # UTF-8 bytes per token id, for bits per byte
+    autocast: object
+    dist: distributed.Dist
+    device: str
+
+
+def eval_plan(cfg, meta, batches, dev, dist):
+    """The same random sample of eval_iters batches at every evaluation; with
+    eval_iters=0 every token of the val split once (the figure compared), and a
+    train sample of FULL_EVAL_TRAIN_BATCHES batches."""
+    T, B = batches.block_size, cfg.batch_size
+    windows = {}
+    for split in ("train", "val"):
+        starts = dataset.eval_offsets(cfg.seed, split, batches.n_tokens(split), T, B, cfg.eval_iters or FULL_EVAL_TRAIN_BATCHES)
+        windows[split] = scoring.sample_windows(np.concatenate(starts), T)
+    if cfg.eval_iters == 0:
+        windows["val"] = scoring.plan_windows([batches.n_tokens("val")], T, T)
+    return EvalPlan(batches, windows, B, eval_byte_lengths(meta, dev.name), dev.autocast(), dist, dev.name)
+
+
+def eval_byte_lengths(meta, device):
+    """Bytes per token id on the device for bits per byte; None (with a warning) when
+    the tokenizer cannot be loaded here (e.g. GPT-2's BPE files offline)."""
+    try:
+        return scoring.byte_lengths_tensor(tokenizer_from_dict(meta["tokenizer"]), device)
+    except UserError as e:
+        print(f"warning: evaluations will show no bits per byte: {e}")
+        return None
 
 MAX_MICRO_BATCH_TOKENS = 2**31  # beyond int32 indexing, and beyond any machine's memory for activations
 MAX_EVAL_WINDOWS = 10_000_000  # their start offsets alone would take 80 MB
@@ -84,10 +251,10 @@ def describe_vocab(tokenizer, vocab_size):
 class Forward:
     """model(x, y) through torch.compile, falling back to eager (with a warning naming
     the error) when compilation fails: a broken backend fails at the first forward
-    pass, not at torch.compile() (RELIABILITY.md)."""
+    pass, not at torch.compile() (measured: docs/reliability.md)."""
 
     def __init__(self, eager, use_compile):
-        self.eager = eager
+        self.eager = eager  # the raw model, or DDP around it
         self.compiled = None
         if use_compile:
             try:
@@ -109,6 +276,27 @@ class Forward:
             except Exception as e:
                 self._fall_back(e)
         return self.eager(x, y)
+
+    @property
+    def require_backward_grad_sync(self):
+        return getattr(self.eager, "require_backward_grad_sync", True)
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, sync):
+        """DDP: whether this backward averages the gradients across ranks (nanoGPT's
+        name); one process has nothing to sync. FSDP reduce-scatters after every
+        micro-step instead: skipping it would keep an unsharded fp32 gradient of the
+        whole model until the last one (4 bytes a parameter, 6.2 GB for GPT-2 XL),
+        the memory FSDP is used to save. It all-gathers every block on every
+        micro-step anyway, so this adds about half again to its traffic."""
+        if hasattr(self.eager, "require_backward_grad_sync"):
+            self.eager.require_backward_grad_sync = sync
+
+    def train(self, mode=True):
+        self.eager.train(mode)
+
+    def eval(self):
+        self.eager.eval()
 
 
 class OutDir:

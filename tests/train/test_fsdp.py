@@ -79,6 +79,22 @@ def test_fsdp_equals_one_process_and_ddp_and_converts_to_a_file_sample_reads(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("nproc, eval_iters", [(2, 3), (3, 0)])
+def test_evaluation_batches_that_do_not_divide_among_the_ranks_finish_with_one_process_losses(tmp_path, nproc, eval_iters):
+    """Under FSDP every forward pass is a collective: a rank whose share of the evaluation
+    batches has run out must still join the others' forward passes, or the job hangs.
+    3 batches on 2 ranks; the whole val split and the 20-batch train sample on 3 ranks."""
+    data = write_char_dataset(tmp_path / "data").parent
+    args = dict(max_iters=2, eval_interval=2, eval_iters=eval_iters, gradient_accumulation_steps=6, dropout=0.0)
+    one_process(tiny_args(data, tmp_path / "one", **args))
+    ok(run_torchrun(tiny_args(data, tmp_path / "fsdp", parallel="fsdp", **args), nproc=nproc, timeout=240, cwd=tmp_path))
+    one, fs = (read_metrics(tmp_path / name, "eval") for name in ("one", "fsdp"))
+    assert [e["iter"] for e in fs] == [0, 2]
+    for split in ("val_loss", "train_loss"):
+        assert [e[split] for e in fs] == pytest.approx([e[split] for e in one], abs=1e-4), split
+
+
+@pytest.mark.slow
 def test_sigterm_kill_during_save_and_resume_equal_the_uninterrupted_run(tmp_path):
     data = write_char_dataset(tmp_path / "data").parent
     args = dict(max_iters=12, eval_interval=4, dropout=0.1, parallel="fsdp")  # dropout on: the RNG states matter

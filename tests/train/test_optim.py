@@ -68,6 +68,6 @@ def test_muon_and_adamw_cover_every_parameter_once_and_follow_the_schedule():
 
 
 def test_grad_scaler_only_for_float16():
-    assert optim.make_scaler(torch.float32, "cpu") is None
-    assert optim.make_scaler(torch.bfloat16, "cuda") is None
-    assert isinstance(optim.make_scaler(torch.float16, "cpu"), torch.amp.GradScaler)
+    assert not optim.make_scaler(torch.float32, "cpu").is_enabled()
+    assert not optim.make_scaler(torch.bfloat16, "cpu").is_enabled()
+    assert optim.make_scaler(torch.float16, "cpu").is_enabled()

@@ -1,0 +1,80 @@
+"""Saving a training run: out_dir/ckpt.pt (everything to resume) and out_dir/best.pt
+(the weights with the best val loss), rank 0 writing; under FSDP out_dir/ckpt/,
+every rank writing its own shard (gptkit/train/sharded.py).
+
+    saver = Checkpointer(out_dir, raw_model, optimizers, scaler, info, dist, device, parallel)
+    saver.after_eval(state, scores, always_save=True)   # ckpt.pt, and best.pt when it improved
+
+A checkpoint holds the raw model's state dict (never the DDP or compiled
+wrapper's, so no prefixes), the optimizers and GradScaler, every rank's RNG
+states, the loop's RunState as top-level keys, and `info`: the model config,
+tokenizer, settings, dataset fingerprint and provenance. Writing is atomic
+(gptkit/checkpoint.py); nothing non-finite is ever written.
+"""
+
+import dataclasses
+import math
+
+import torch
+
+from gptkit.checkpoint import save_checkpoint
+from gptkit.errors import PeerFailed, RunFailed
+from gptkit.train import distributed
+from gptkit.train import sharded
+from gptkit.train.run_state import rng_state
+
+
+class NonFinite(Exception):
+    """The loss, the gradient norm or the val loss is NaN or inf (the message says which, and where)."""
+
+
+class Checkpointer:
+    def __init__(self, out_dir, raw_model, optimizers, scaler, info, dist, device, parallel, resumed_at=None):
+        self.out_dir, self.raw_model, self.optimizers, self.scaler = out_dir, raw_model, optimizers, scaler
+        self.info, self.dist, self.device, self.sharded = info, dist, device, parallel == "fsdp"
+        self.path = out_dir / ("ckpt" if self.sharded else "ckpt.pt")
+        self.last_iter = resumed_at  # the iteration of the newest checkpoint this run can fall back to
+
+    def save(self, kind, state):
+        """kind "ckpt" (to resume) or "best" (weights only). A collective: every rank calls it."""
+        run = {**self.info, **dataclasses.asdict(state)}
+        if self.sharded:
+            sharded.save(kind, self.out_dir, self.raw_model, self.optimizers, run, self.device, self.dist)
+        else:
+            self._save_file(kind, run)
+        if kind == "ckpt":
+            self.last_iter = state.iter_num
+
+    def _save_file(self, kind, run):
+        rngs = distributed.gather_objects({"torch": torch.get_rng_state(), "cuda": rng_state(self.device)["cuda"]}, self.dist)
+        if not self.dist.is_main:
+            return
+        obj = {"format_version": 1, "model": self.raw_model.state_dict(), **run}
+        if kind == "ckpt":
+            obj["optimizer"] = [opt.state_dict() for opt in self.optimizers]
+            obj["scaler"] = self.scaler.state_dict() if self.scaler.is_enabled() else None
+            obj["rng"] = {**rng_state(self.device), "per_rank": rngs if self.dist.world_size > 1 else None}
+        save_checkpoint(obj, self.out_dir / f"{kind}.pt")
+
+    def after_eval(self, state, scores, always_save):
+        """Record an evaluation ({split: Score}) in the state; save ckpt.pt (always, or when
+        the val loss improved) and best.pt (when it improved). A non-finite loss saves nothing."""
+        val_loss, train_loss = scores["val"].loss, scores["train"].loss
+        if not (math.isfinite(val_loss) and math.isfinite(train_loss)):
+            raise NonFinite(f"the val loss is {val_loss} (train {train_loss}) at iteration {state.iter_num}; nothing saved")
+        improved = val_loss < state.best_val_loss
+        state.val_loss, state.last_eval_iter = val_loss, state.iter_num
+        state.best_val_loss = min(state.best_val_loss, val_loss)
+        if state.iter_num > 0 and (improved or always_save):
+            self.save("ckpt", state)
+        if state.iter_num > 0 and improved:
+            self.save("best", state)
+
+    def failed(self, what):
+        """The error that ends a run gone non-finite: rank 0 reports it with the last good
+        checkpoint and what to try; the other ranks (which got here alike) stop quietly."""
+        if not self.dist.is_main:
+            return PeerFailed()
+        where = f"{self.path} (iteration {self.last_iter})" if self.last_iter is not None else "none saved yet in this run"
+        return RunFailed(f"{what}. Last good checkpoint: {where}. Try a lower learning_rate or muon_lr, "
+                         "grad_clip, or dtype=bfloat16/float32")
