@@ -53,16 +53,30 @@ def anchors(path):
     return out
 
 
-def tracked_text_files():
-    """Every file git tracks or would track (untracked but not ignored), as (relative path, text)."""
+def repository_files():
+    """Every file git tracks or would track (untracked but not ignored); without git
+    (a copy of the work tree), every file outside hidden folders but .ci and .gitignore's."""
     try:
         listed = subprocess.run(
             ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
             cwd=REPO, capture_output=True, check=True, timeout=60,
         ).stdout.decode().split("\0")
+        return [rel for rel in listed if rel]
     except (OSError, subprocess.SubprocessError):
-        pytest.skip("git is not available to list the repository's files")
-    for rel in filter(None, listed):
+        ignored = {"__pycache__", "data", "wandb"}
+        return [
+            path.relative_to(REPO).as_posix()
+            for path in REPO.rglob("*")
+            if not any(
+                (part.startswith(".") and part != ".ci") or part in ignored or part.startswith("out")
+                for part in path.relative_to(REPO).parts[:-1]
+            )
+        ]
+
+
+def tracked_text_files():
+    """The repository's text files, as (relative path, text)."""
+    for rel in repository_files():
         path = REPO / rel
         if not path.is_file():
             continue  # deleted in the work tree
