@@ -1,4 +1,4 @@
-"""Benchmarks: measure, print a table, and append it to BENCHMARKS.md.
+"""Benchmarks: measure, print a table, and append it to benchmarks/LOG.md.
 
     python bench.py prepare     # tokenizer throughput and peak memory vs the simple way
     python bench.py tokenizer   # BPE training and encoding: tokenizers vs rustbpe + tiktoken
@@ -14,7 +14,8 @@ such rate measured here (cached, as train.py does) is the peak MFU is reported
 against (there is no datasheet number to use).
 Comparisons are made as ratios inside one run, because shared machines are
 noisy: two numbers measured minutes apart are not comparable, a ratio is.
-Add --no_record (before or after the suite) to print without touching BENCHMARKS.md.
+Add --no_record (before or after the suite) to print without touching the log.
+BENCHMARKS.md summarises the latest figures and says how to read each suite.
 """
 
 import argparse
@@ -36,7 +37,7 @@ SUITES = {
     "vocab": "benchmarks.bench_vocab",
 }
 ALL = ["prepare", "train", "sample"]  # speedrun takes ~15 minutes on its own
-RESULTS = Path(__file__).resolve().parent / "BENCHMARKS.md"
+RESULTS = Path(__file__).resolve().parent / "benchmarks" / "LOG.md"
 
 
 def build_parser():
@@ -57,7 +58,7 @@ def add_common_arguments(parser, default):
     # SUPPRESS: a flag not given on one side never overwrites the other's (argparse
     # would reset it to False); main reads it with getattr. --no-record is the older spelling.
     parser.add_argument("--no_record", "--no-record", action="store_true", default=default,
-                        help="do not append to BENCHMARKS.md")
+                        help="do not append to benchmarks/LOG.md")
 
 
 def header_lines(command, peak_flops):
@@ -99,7 +100,7 @@ def main(argv=None):
     if not getattr(args, "no_record", False):
         with open(RESULTS, "a") as f:
             f.write("\n".join(lines) + "\n")
-        print(f"appended to {RESULTS.name}")
+        print(f"appended to {RESULTS.relative_to(RESULTS.parent.parent)}")
     return 0
 
 

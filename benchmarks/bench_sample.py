@@ -3,9 +3,9 @@
     python bench.py sample            # both tables below (the no-cache runs take minutes)
     python bench.py sample --quick    # a smoke test: a few dozen tokens each
 
-Table 1 (issue 4): nanoGPT's baby GPT shape (6 layers, 6 heads, 384 wide, block
+Table 1: nanoGPT's baby GPT shape (6 layers, 6 heads, 384 wide, block
 256, 65-character vocabulary; random weights, since speed does not depend on
-them), batch 1, 1,000 new tokens. Table 2 (issue 6): what `python sample.py`
+them), batch 1, 1,000 new tokens. Table 2: what `python sample.py`
 does by default, 10 samples of 500 tokens generated as one batch, from the
 quick-start model (out-shakespeare/best.pt or ckpt.pt when present, else the
 shape of configs/shakespeare.py with random weights; the table says which),
@@ -95,7 +95,7 @@ def baby_gpt_table(args, device):
     half = copy.deepcopy(model).to(torch.bfloat16)
     half_seconds = time_stream(half, idx, n, True, True, device, args.seed)
     table = Table(
-        "Generation, baby GPT shape (6x6x384, block 256), batch 1 (issue 4)",
+        "Generation, baby GPT shape (6x6x384, block 256), batch 1",
         ["generation", "new tokens", "seconds", "tokens/s", "vs no cache"],
         note=f"Random weights, temperature 1, device {device}. Past block_size ({BABY_GPT['block_size']}) "
         "the exact cache path recomputes the sliding window every token, as no-cache does.",
@@ -157,7 +157,7 @@ def quick_start_table(args, device):
         assert len(texts) == num_samples
     config = model.config
     table = Table(
-        f"sample.py: {num_samples} samples of {n} tokens as one batch, quick-start model (issue 6)",
+        f"sample.py: {num_samples} samples of {n} tokens as one batch, quick-start model",
         ["generation", "new tokens", "seconds", "tokens/s", "vs no cache"],
         note=f"{source}. Shape {config.n_layer}x{config.n_head}x{config.n_embd}, block {config.block_size}; "
         f"device {device}; through generate.generate_samples (decoding included).",

@@ -17,8 +17,8 @@ The target is the mean over seeds of A's final val loss (or --target). For
 each run we report the training wall time (train_time_s: evaluation excluded)
 and the iteration at which val loss first reaches the target, linearly
 interpolated between the two evaluations around the crossing. The headline
-ratio, per seed, is B's time to target over A's whole training time, which is
-the issue's criterion ("in at most half their wall time"; target <= 0.5).
+ratio, per seed, is B's time to target over A's whole training time; the
+target is at most 0.5 (the recipe reaches A's quality in half A's wall time).
 """
 
 import difflib
@@ -345,7 +345,7 @@ def build_tables(configs, points, target, Table):
         ["config", "reached target", "time to target (s)", "ratio to A's train time",
          "final val loss", "ms/iter"],
         note="Ratio: per seed, the config's time to target over A's whole training time "
-        "(the issue's goal for B: at most 0.5). A's ms/iter is our plain speed at "
+        "(the target for B: at most 0.5). A's ms/iter is our plain speed at "
         "nanoGPT-equivalent settings.",
     )
     baseline = summaries[baseline_label]

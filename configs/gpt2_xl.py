@@ -1,6 +1,6 @@
 # GPT-2 XL (1.56B parameters) on one node of 8 GPUs with 24 GB each, sharded with FSDP2.
 # DDP would need ~25 GB per GPU for weights, gradients and AdamW's moments alone
-# (16 bytes a parameter, README "Models bigger than one GPU"); FSDP over 8 GPUs keeps
+# (16 bytes a parameter, docs/scaling.md); FSDP over 8 GPUs keeps
 # 1/8 of that, ~3.1 GB, leaving the rest for activations.
 #
 #   python prepare.py --input owt/ --tokenizer gpt2 --name openwebtext

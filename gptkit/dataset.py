@@ -4,7 +4,7 @@ A dataset is the folder `data/<name>/` holding `train.bin`, `val.bin` (raw
 little-endian token ids) and `meta.json` (dtype, vocabulary, tokenizer, token
 counts, fingerprint). `load_meta` checks the folder before any training starts;
 `TokenBin` reads windows with `os.pread` from a file descriptor kept open (a
-memmap kept open grew memory by ~258 MB over a long run here, see RELIABILITY.md);
+memmap kept open grew memory by ~258 MB over a long run here, see docs/reliability.md);
 `global_batch_offsets` is the batch sampler, a pure function of (seed, step):
 
     offsets = global_batch_offsets(seed=1337, step=10, n_tokens=1_000_000,

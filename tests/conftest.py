@@ -1,4 +1,5 @@
-"""Shared test set-up: offline data from ../shared, markers, tiny helpers."""
+"""Shared test set-up: offline data (TINYSHAKESPEARE, TIKTOKEN_CACHE_DIR, else CI's copy beside
+the repository), markers, tiny helpers."""
 
 import os
 import tempfile

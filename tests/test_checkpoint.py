@@ -1,4 +1,4 @@
-"""checkpoint.py keeps the promises of RELIABILITY.md: a checkpoint on disk is always
+"""checkpoint.py keeps the promises of docs/reliability.md: a checkpoint on disk is always
 complete, a damaged one is named, and nothing executes when one is loaded."""
 
 import ast

@@ -90,6 +90,6 @@ def warn_if_not_shakespeare(path, where):
     print(
         f"warning: {where}={path} is not Tiny Shakespeare as nanoGPT downloads it ({size:,} bytes, expected "
         f"{SHAKESPEARE_BYTES:,} with sha256 {SHAKESPEARE_SHA256[:12]}...): preparing from it anyway, but the "
-        "token counts and losses in README.md will not match",
+        "token counts and losses in README.md and docs/data.md will not match",
         file=sys.stderr,
     )

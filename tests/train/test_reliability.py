@@ -1,4 +1,4 @@
-"""The promises of RELIABILITY.md that the first version did not keep: one writer
+"""Promises of docs/reliability.md that the first version did not keep: one writer
 per out_dir, no hang when one rank fails, no non-finite state in a checkpoint,
 token ids checked against the vocabulary, no piles of temporary files, no silent
 overwrite of a run, and clear errors for impossible settings."""
