@@ -106,8 +106,8 @@ def claim_output(path, kind="file", overwrite=False, what="the output"):
         if kind == "folder" and not stat.S_ISDIR(st.st_mode):
             raise UserError(f"{label} is a file, not a folder: choose another path or remove it")
         if not overwrite and (kind == "file" or any(real.iterdir())):
-            what_is = "a file" if kind == "file" else "a folder that is not empty"
-            raise UserError(f"{label} already exists ({what_is}): give a new name or remove it (nothing is overwritten)")
+            what_is = "" if kind == "file" else " and is not empty"
+            raise UserError(f"{label} already exists{what_is}: give a new {kind} name or remove it (nothing is overwritten)")
     if kind == "folder" and st is not None and overwrite:
         _check_writable(real, label)  # written into
     else:

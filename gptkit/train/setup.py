@@ -14,6 +14,7 @@ import torch
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.errors import UserError
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
+from gptkit.paths import claim_output
 from gptkit.train import sharded
 from model import GPT, GPTConfig
 
@@ -126,6 +127,7 @@ class OutDir:
         self.path = Path(cfg.out_dir)
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"out_dir {self.path} exists and is not a folder: choose another --out_dir")
+        claim_output(self.path, "folder", overwrite=True, what="out_dir")  # writable, a name the system takes
         self.created = not self.path.exists()
         try:
             self.lock = FolderLock(self.path, "training run", "use another --out_dir").acquire()
