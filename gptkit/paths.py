@@ -82,8 +82,9 @@ def claim_output(path, kind="file", overwrite=False, what="the output"):
     if not str(path):
         raise UserError(f"{what} is empty: give a path")
     real = Path(os.path.realpath(path))  # symlinks followed: where the bytes will really go
+    name_max = _limit(real, "PC_NAME_MAX", NAME_MAX)
     for part in real.parts:
-        if len(os.fsencode(part)) > _limit(real, "PC_NAME_MAX", NAME_MAX):
+        if len(os.fsencode(part)) > name_max:
             raise UserError(f"{label}: a name in it is {len(os.fsencode(part))} bytes long; "
                             f"file names are at most {NAME_MAX} bytes: use a shorter name")
     if len(os.fsencode(str(real))) >= _limit(real, "PC_PATH_MAX", PATH_MAX):
@@ -94,7 +95,7 @@ def claim_output(path, kind="file", overwrite=False, what="the output"):
     except FileNotFoundError:
         st = None
     except NotADirectoryError:
-        raise UserError(f"{label}: {shown(_file_above(real))} is a file, not a folder: choose another path")
+        raise UserError(f"{label}: {shown(_file_above(real))} is not a folder: choose another path")
     except OSError as e:
         raise UserError(f"cannot use {label}: {e.strerror}")
     if st is not None:
@@ -104,7 +105,7 @@ def claim_output(path, kind="file", overwrite=False, what="the output"):
         if kind == "file" and not stat.S_ISREG(st.st_mode):
             raise UserError(f"{label} is not a regular file (a device, FIFO or socket): give a file name to write")
         if kind == "folder" and not stat.S_ISDIR(st.st_mode):
-            raise UserError(f"{label} is a file, not a folder: choose another path or remove it")
+            raise UserError(f"{label} exists and is not a folder: choose another path or remove it")
         if not overwrite and (kind == "file" or any(real.iterdir())):
             what_is = "" if kind == "file" else " and is not empty"
             raise UserError(f"{label} already exists{what_is}: give a new {kind} name or remove it (nothing is overwritten)")
@@ -119,10 +120,11 @@ def claim_output(path, kind="file", overwrite=False, what="the output"):
 
 
 def _limit(path, name, default):
+    """os.pathconf for the nearest existing folder of `path`."""
     for folder in (path, *path.parents):
         try:
             return os.pathconf(folder, name)
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # not there (yet), or itself too long
             continue
     return default
 

@@ -18,6 +18,8 @@ import os
 import shutil
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 from gptkit.errors import RunFailed, UserError
 from gptkit.interop.hf_gpt2 import export_gpt2, gpt2_mismatches
 from gptkit.interop.hf_llama import export_llama, llama_mismatches
@@ -68,9 +70,10 @@ def export_hf(source, dest, data_dir="data"):
         if dest.exists():
             dest.rmdir()  # empty, checked above
         os.replace(tmp, dest)
-    except OSError as e:  # a full disk, or the folder taken away meanwhile: the environment failed
+    except (OSError, SafetensorError) as e:  # a full disk (safetensors says "I/O error"): the environment failed
         shutil.rmtree(tmp, ignore_errors=True)
-        raise RunFailed(f"could not write {shown(dest)}: {e.strerror or e} (nothing was left behind)")
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise RunFailed(f"could not write {shown(dest)}: {reason} (nothing was left behind)")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -124,10 +124,8 @@ class OutDir:
     RUN_FILES = ("ckpt.pt", "best.pt", "metrics.jsonl", "config.json")
 
     def __init__(self, cfg):
-        self.path = Path(cfg.out_dir)
-        if self.path.exists() and not self.path.is_dir():
-            raise UserError(f"out_dir {self.path} exists and is not a folder: choose another --out_dir")
-        claim_output(self.path, "folder", overwrite=True, what="out_dir")  # writable, a name the system takes
+        # A folder (not a file), writable, with a name the system takes: else one line now.
+        self.path = claim_output(cfg.out_dir, "folder", overwrite=True, what="out_dir")
         self.created = not self.path.exists()
         try:
             self.lock = FolderLock(self.path, "training run", "use another --out_dir").acquire()
