@@ -196,7 +196,7 @@ def prepare_dataset(
     if tokenizer == "gpt2":
         load_gpt2_encoding()  # here, in one process: offline without tiktoken's files is one clear line
 
-    created = not folder.exists()
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # made by the lock, removed on failure
     lock = FolderLock(folder, "prepare.py", "use another --name").acquire()  # one writer per dataset folder
     tag = f"{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
     pool, copies = None, []
@@ -235,8 +235,10 @@ def prepare_dataset(
         lock.release()
         if created:
             (folder / LOCK_NAME).unlink(missing_ok=True)
-            if not any(folder.iterdir()):
-                folder.rmdir()  # leave no trace of a run that wrote nothing
+            for made in created:  # leave no trace of a run that wrote nothing
+                if any(made.iterdir()):
+                    break
+                made.rmdir()
         raise
     _clean_up(pool, copies)
     lock.release()
