@@ -5,6 +5,7 @@
     python eval.py --init_from gpt2 --input held_out.txt --stride 512
     python eval.py out-shakespeare --init_from gpt2 --hellaswag download --json results.json
     python eval.py plot out-a out-b --out runs.png                  # loss curves from metrics.jsonl
+    zcat web.txt.gz | python eval.py out-a --input - --max_tokens 100000   # a stream, read only that far
 
 Every token of the text but each document's first is scored exactly once, by
 sliding windows of the model's block_size moved `--stride` tokens at a time (the

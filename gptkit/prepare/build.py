@@ -11,6 +11,11 @@ and counts characters (and collects the character vocabulary), the second
 tokenizes it on all cores and appends to the bins. With `--tokenizer bpe` a pass
 in between trains the BPE on the training split (gptkit/prepare/bpe.py), and
 tokenizer.json goes beside the bins. `prepare.py` is the command.
+
+Before any of that, the dataset folder is claimed (gptkit/paths.py: writable, a
+name the system takes) and locked; a stream input (a pipe, `<(...)`, `-`) can be
+read only once, so it is first copied into a temporary file there, which the
+passes then read (and which is removed at the end, or by the next run if killed).
 """
 
 import hashlib

@@ -53,9 +53,12 @@ def resolve_inputs(paths):
         if given == STDIN:
             sources.append(Source(path, "text", "-", stream=True))
             continue
-        if not path.exists():
+        try:
+            mode = path.stat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
             raise UserError(f"input {given} does not exist")
-        mode = path.stat().st_mode
+        except OSError as e:  # a name too long, a loop of symlinks
+            raise UserError(f"cannot read input {given}: {e.strerror}")
         if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
             sources.append(Source(path, "jsonl" if path.suffix.lower() == ".jsonl" else "text", str(given), stream=True))
         elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
