@@ -23,7 +23,7 @@ import torch
 from gptkit import faults
 from gptkit.errors import RunFailed, UserError
 from gptkit.lock import fsync_dir
-from gptkit.paths import TEMP_MARK, temp_path
+from gptkit.paths import TEMP_MARK, temp_path  # TEMP_MARK: also named here as checkpoint.TEMP_MARK
 
 FORMAT_VERSION = 1
 
