@@ -22,6 +22,7 @@ from gptkit import dataset, hellaswag, scoring
 from gptkit.checkpoint import write_text_atomic
 from gptkit.errors import UserError
 from gptkit.loading import find_checkpoint, load_model, model_from_checkpoint, read_checkpoint
+from gptkit.paths import shown
 from gptkit.prepare.encode import CHUNK_CHARS, any_cut, build_tasks, gpt2_cut
 from gptkit.prepare.sources import iter_documents, resolve_inputs
 
@@ -93,8 +94,12 @@ def load_candidate(spec, init_from=False):
         model, tokenizer, summary = load_model(init_from=spec)
         return Candidate(Path(spec).name or spec, model, tokenizer, None, summary)
     path = Path(spec)
-    if not path.exists():
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
         raise UserError(f"{spec} does not exist: give a checkpoint file or a training out_dir")
+    except OSError as e:  # a name too long for the system, a loop of symlinks
+        raise UserError(f"cannot read {shown(path)}: {e.strerror}")
     file = find_checkpoint(path) if path.is_dir() else path
     ckpt = read_checkpoint(file)  # UserError for a missing, damaged or unsafe file
     model, tokenizer, summary = model_from_checkpoint(ckpt, file)

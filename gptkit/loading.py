@@ -11,6 +11,7 @@ import torch
 from gptkit.checkpoint import FORMAT_VERSION, load_checkpoint, non_finite_tensors
 from gptkit.config import read_config_file
 from gptkit.errors import UserError
+from gptkit.paths import shown
 from gptkit.interop.nanogpt import (
     is_nanogpt_checkpoint,
     nanogpt_model_config,
@@ -31,6 +32,12 @@ def find_checkpoint(out_dir, ckpt=None):
     if ckpt:
         return Path(ckpt)
     folder = Path(out_dir)
+    try:
+        folder.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # said below, with how to train one
+    except OSError as e:  # a name too long for the system, a loop of symlinks
+        raise UserError(f"cannot read out_dir {shown(folder)}: {e.strerror}")
     for name in CHECKPOINT_NAMES:
         if (folder / name).is_file():
             return folder / name
@@ -50,6 +57,12 @@ def read_checkpoint(path):
     """The checkpoint dict at `path`: a one-file checkpoint, or an FSDP run's sharded
     folder read as resume reads it (gptkit/train/sharded.py)."""
     path = Path(path)
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # load_checkpoint says so, with how to train one
+    except OSError as e:
+        raise UserError(f"cannot read checkpoint {shown(path)}: {e.strerror}")
     if path.is_dir():
         from gptkit.train import sharded
 

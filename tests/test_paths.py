@@ -232,3 +232,15 @@ def test_prepare_checks_the_folder_before_the_scan(tmp_path, read_only, monkeypa
     text.write_text("text\n" * 100)
     with pytest.raises(UserError, match="choose a folder you can write to"):
         build.prepare_dataset([text], "bpe", "mine", read_only, vocab_size=300, progress=False)
+
+
+def test_inputs_whose_names_the_system_refuses_are_one_line_too(tmp_path):
+    from gptkit.evaluation import load_candidate
+    from gptkit.loading import load_model
+    from gptkit.prepare.sources import resolve_inputs
+
+    long = tmp_path / LONG_NAME
+    for read in (lambda: load_model(out_dir=long), lambda: load_model(ckpt=long), lambda: load_candidate(str(long)),
+                 lambda: resolve_inputs([str(long)])):
+        with pytest.raises(UserError, match="cannot read .*: File name too long"):
+            read()
