@@ -23,12 +23,12 @@ import numpy as np
 import torch
 
 from gptkit.errors import UserError
+from gptkit.tokenizer import GPT2_VOCAB_SIZE
 
 FORMAT_VERSION = 1
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 AUTO_PREPARED = ("shakespeare_char", "shakespeare")  # names prepare.py can build by itself
 EVAL_STREAM = 0xE7A1  # separates the evaluation windows' random stream from training's
-GPT2_VOCAB_SIZE = 50257
 FULL_SCAN_BYTES = 1 << 30  # bins up to 1 GiB are checked whole at start-up (~0.1 s per 100 MB)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from gptkit.errors import UserError
 
 GPT2_EOT_ID = 50256  # "<|endoftext|>" in GPT-2's vocabulary
+GPT2_VOCAB_SIZE = 50257
 
 
 def load_gpt2_encoding():
@@ -88,10 +89,37 @@ class GPT2Tokenizer:
         return {"type": "gpt2"}
 
 
+def check_description(d, source):
+    """The vocabulary size of a tokenizer description (meta.json's or a checkpoint's),
+    after checking it as untrusted input: a UserError naming `source` otherwise."""
+    kind = d.get("type") if isinstance(d, dict) else None
+    if kind == "char":
+        chars = d.get("chars")
+        if not isinstance(chars, list) or not chars or not all(isinstance(c, str) and len(c) == 1 for c in chars):
+            raise UserError(f"{source}: its character tokenizer's \"chars\" must be a non-empty list of single characters")
+        if len(set(chars)) != len(chars):
+            raise UserError(f"{source}: its character tokenizer lists some character twice")
+        bad = next((c for c in chars if 0xD800 <= ord(c) <= 0xDFFF), None)
+        if bad is not None:
+            raise UserError(f"{source}: its character tokenizer holds U+{ord(bad):04X}, a lone surrogate (not a character)")
+        return len(chars)
+    if kind == "gpt2":
+        return GPT2_VOCAB_SIZE
+    if kind == "bpe":
+        if not isinstance(d.get("json"), str):  # meta.json's pointer to tokenizer.json: checked when embedded
+            return d.get("vocab_size")
+        try:
+            return bpe_from_dict(d).vocab_size
+        except UserError as e:
+            raise UserError(f"{source}: {e}")
+    raise UserError(f"{source}: unknown tokenizer description {str(d)[:200]}: expected type 'char', 'gpt2' or 'bpe'")
+
+
 def tokenizer_from_dict(d):
     """Rebuild a tokenizer from its meta.json / checkpoint description."""
     kind = d.get("type") if isinstance(d, dict) else None
     if kind == "char":
+        check_description(d, "the character tokenizer")
         return CharTokenizer(d["chars"])
     if kind == "gpt2":
         return GPT2Tokenizer()

@@ -15,6 +15,7 @@ from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.errors import UserError
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
 from gptkit.train import sharded
+from gptkit.train.run_state import check_loop_state
 from model import GPT, GPTConfig
 
 MAX_MICRO_BATCH_TOKENS = 2**31  # beyond int32 indexing, and beyond any machine's memory for activations
@@ -199,9 +200,7 @@ def check_resumable(ckpt, optimizers, out_dir, cfg):
             raise UserError(f"{ckpt['sharded']} was trained with optimizer={ckpt['config'].get('optimizer')}: resume with --optimizer as before")
     elif cfg.parallel == "ddp" and (not isinstance(ckpt.get("optimizer"), list) or len(ckpt["optimizer"]) != len(optimizers)):
         raise UserError(f"{out_dir}/ckpt.pt was trained with a different optimizer setting: resume with --optimizer as before")
-    for key, kind in (("iter_num", int), ("best_val_loss", float), ("val_loss", float), ("rng", dict)):
-        if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
-            raise UserError(f"{out_dir}/ckpt.pt: its {key!r} is {type(ckpt.get(key)).__name__}, not {kind.__name__}: it is damaged or not ours")
+    check_loop_state(ckpt, ckpt.get("sharded") or f"{out_dir}/ckpt.pt")
 
 
 def check_batch_sizes(model_cfg, cfg):

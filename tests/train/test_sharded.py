@@ -2,6 +2,7 @@
 the fall-back when a save died between its renames, and refusing files whose
 loading would run code. The multi-rank behaviour is in test_fsdp.py."""
 
+import json
 import os
 import pickle
 
@@ -15,6 +16,7 @@ from gptkit.checkpoint import load_checkpoint
 from gptkit.errors import UserError
 from gptkit.train import sharded
 from gptkit.train.distributed import Dist
+from gptkit.train.shard_checks import file_record
 from malicious import RunsCode
 from model import GPT, GPTConfig
 
@@ -89,25 +91,41 @@ def test_a_save_that_died_between_its_renames_leaves_the_previous_one(tmp_path):
     assert sharded.read_run(sharded.find(tmp_path))["iter_num"] == 9
 
 
+def repin(folder):
+    """What a hostile user does after tampering: record the files' new sizes and hashes in run.json."""
+    run = json.loads((folder / "run.json").read_text())
+    run["files"] = {p.name: file_record(p) for p in folder.iterdir() if p.name != "run.json"}
+    (folder / "run.json").write_text(json.dumps(run))
+
+
 def test_metadata_that_would_run_code_is_refused(tmp_path):
     model, optimizers = trained()
     save(tmp_path, model, optimizers)
     marker = tmp_path / "ran"
     (tmp_path / "ckpt" / ".metadata").write_bytes(pickle.dumps(RunsCode(marker)))
     fresh, fresh_opts = trained(seed=1)
+    with pytest.raises(UserError, match="fails its checksum|bytes but was saved with"):
+        sharded.load_into(tmp_path / "ckpt", fresh, fresh_opts)
+    repin(tmp_path / "ckpt")  # checksums that match: the allow-list still refuses it
     with pytest.raises(UserError, match="posix.system|os.system|not allowed"):
         sharded.load_into(tmp_path / "ckpt", fresh, fresh_opts)
     assert not marker.exists()
 
 
 def test_a_pickled_object_inside_the_shards_is_refused(tmp_path):
-    marker = tmp_path / "ran"
-    dcp.save({"settings": RunsCode(marker), "w": torch.zeros(3)}, checkpoint_id=tmp_path / "evil")
+    model, optimizers = trained()
+    save(tmp_path, model, optimizers)
+    marker, evil = tmp_path / "ran", tmp_path / "ckpt"
+    for name in os.listdir(evil):
+        if name != "run.json":
+            os.remove(evil / name)
+    dcp.save({"settings": RunsCode(marker), "w": torch.zeros(3)}, checkpoint_id=evil)
+    repin(evil)
     assert not marker.exists()
     state = {"settings": None, "w": torch.ones(3)}
     with pytest.raises(UserError, match="could run code"):
-        sharded.load_state(tmp_path / "evil", state)
+        sharded.load_state(evil, state)
     assert not marker.exists()
     # the unguarded DCP loader would have run it: the test's attack is real
-    dcp.load(state, checkpoint_id=tmp_path / "evil")
+    dcp.load(state, checkpoint_id=evil)
     assert marker.exists()
