@@ -253,11 +253,15 @@ _METADATA_CLASSES = {
 }
 
 
+class _Refused(pickle.UnpicklingError):
+    """A global outside the allow-list (not a damaged file: a crafted one)."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
         if (module, name) not in _METADATA_CLASSES and not is_dtype:
-            raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed in a checkpoint's .metadata")
+            raise _Refused(f"global '{module}.{name}' is not allowed in a checkpoint's .metadata")
         return super().find_class(module, name)
 
 
@@ -267,7 +271,7 @@ def read_metadata(f, source):
 
     try:
         metadata = _MetadataUnpickler(f).load()
-    except pickle.UnpicklingError as e:
+    except _Refused as e:
         raise UserError(f"refusing to load {source}: {str(e)[:200]} (it could run code)")
     except Exception as e:  # truncated, random bytes, or an allowed class given bad arguments
         raise UserError(f"{source} is damaged (not DCP metadata): {type(e).__name__}: {str(e)[:200]}")

@@ -187,7 +187,8 @@ def rng_from_json(obj):
 
 
 def is_complete(folder):
-    return (Path(folder) / RUN_FILE).is_file() and (Path(folder) / METADATA_FILE).is_file()
+    """Both files a save writes last are there (of whatever kind: open_checkpoint checks)."""
+    return os.path.lexists(Path(folder) / RUN_FILE) and os.path.lexists(Path(folder) / METADATA_FILE)
 
 
 def find(out_dir):
@@ -212,8 +213,7 @@ def open_checkpoint(path):
     path = Path(path)
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
     for attempt in range(OPEN_ATTEMPTS):
-        given = os.path.lexists(path / RUN_FILE) or os.path.lexists(path / METADATA_FILE)
-        folder = path if given else find(path)
+        folder = path if is_complete(path) else find(path)
         if folder is None:
             raise UserError(f"{path} holds no complete sharded checkpoint (a folder with {METADATA_FILE} and {RUN_FILE})")
         try:
