@@ -129,3 +129,47 @@ def test_a_pickled_object_inside_the_shards_is_refused(tmp_path):
     # the unguarded DCP loader would have run it: the test's attack is real
     dcp.load(state, checkpoint_id=evil)
     assert marker.exists()
+
+
+WRITER = """
+import sys, torch
+sys.path[:0] = [{repo!r}, {tests!r}, {tests!r} + "/train"]
+from test_sharded import save, trained
+model, optimizers = trained()
+for i in range(1, {saves} + 1):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float(i))  # every weight of save i is i, and its run.json says iter_num i
+    save({out!r}, model, optimizers, iter_num=i)
+"""
+
+
+def test_a_reader_during_repeated_saves_gets_one_whole_save(tmp_path):
+    """convert.py's path (open, read run.json, load the shards) looping while another
+    process saves again and again: every read is one save, whole, or a clear message."""
+    import subprocess
+    import sys
+
+    from repo import REPO
+
+    model, optimizers = trained()
+    save(tmp_path, model, optimizers, iter_num=0)
+    saves = 20
+    code = WRITER.format(repo=str(REPO), tests=str(REPO / "tests"), saves=saves, out=str(tmp_path))
+    writer = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    seen, messages = [], []
+    fresh, fresh_opts = trained(seed=1)
+    while writer.poll() is None:
+        try:
+            run = sharded.read_run(tmp_path)
+            sharded.load_into(run["sharded"], fresh, fresh_opts)
+        except UserError as e:
+            messages.append(str(e))
+            continue
+        values = {p.unique().tolist()[0] if p.unique().numel() == 1 else None for p in fresh.parameters()}
+        assert values == {float(run["iter_num"])} or run["iter_num"] == 0, (run["iter_num"], values)
+        seen.append(run["iter_num"])
+    assert writer.returncode == 0, writer.stderr.read()[-2000:]
+    assert all("kept changing while it was read" in m for m in messages), messages[:3]
+    print(f"{len(seen)} whole reads of {len(set(seen))} different saves, {len(messages)} retried out")
+    assert len(set(seen)) >= 3 and len(seen) >= 5
