@@ -150,6 +150,7 @@ BPE_FORMAT = "gptkit-bpe"
 BPE_FORMAT_VERSION = 1
 MIN_BPE_VOCAB = 256 + 1  # every byte, and <|endoftext|>
 MAX_BPE_VOCAB = 1 << 32  # ids must fit uint32, the widest dtype of the bins
+MAX_BPE_FILE_BYTES = 256 << 20  # tokenizer.json: a million tokens take ~20 MB
 
 
 class BPETokenizer:
@@ -267,10 +268,14 @@ def embed_bpe_file(description, folder):
     """meta.json's BPE description with tokenizer.json's text added, after checking its sha256."""
     from pathlib import Path
 
-    path = Path(folder) / description.get("file", BPE_FILE)
-    if not path.is_file():
+    from gptkit.untrusted import inside, read_regular
+
+    name = description.get("file", BPE_FILE)
+    path = Path(folder) / str(name)
+    try:
+        raw = read_regular(inside(folder, name, f"{Path(folder) / 'meta.json'}: its tokenizer file"), MAX_BPE_FILE_BYTES, path)
+    except FileNotFoundError:
         raise UserError(f"{path} is missing: the dataset's tokenizer is gone; prepare the dataset again")
-    raw = path.read_bytes()
     if hashlib.sha256(raw).hexdigest() != description.get("sha256"):
         raise UserError(f"{path} does not match the sha256 in meta.json: it was changed; prepare the dataset again")
     return dict(description) | {"json": raw.decode("utf-8")}  # written as ASCII JSON: the check above passed

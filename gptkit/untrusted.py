@@ -2,7 +2,7 @@
 folder copied from a colleague, unpacked from an archive, or half-copied.
 
     fd = open_regular(folder / "tokenizer.json", max_bytes=64 << 20)
-    path = inside(folder, meta["tokenizer"]["file"], "meta.json's tokenizer file")
+    path = inside(folder, meta["tokenizer"]["file"], "meta.json's tokenizer file")  # its real path
 
 Such a folder can hold what an ordinary file name does not warn of: a FIFO
 (opening it for reading blocks until someone writes: a load that hangs forever),
@@ -55,14 +55,24 @@ def read_regular(path, max_bytes, what=None):
 
 
 def inside(folder, name, what):
-    """folder/name, after checking that `name` stays inside `folder`: a relative path
-    without `..`, which (symbolic links resolved) still lies in the folder."""
+    """The real path of folder/name, after checking that `name` stays inside `folder`:
+    a relative path without `..`, which (symbolic links resolved) still lies in it."""
     if not isinstance(name, str) or not name or "\0" in name:
-        raise UserError(f"{what} must be a file name, not {name!r}")
+        raise UserError(f"{what} must be a file name, not {str(name)[:100]!r}")
     relative = Path(name)
     if relative.is_absolute() or ".." in relative.parts:
-        raise UserError(f"{what} is {name!r}: it must name a file inside {folder} (no absolute path, no '..')")
-    path = Path(folder) / relative
-    if not path.resolve().is_relative_to(Path(folder).resolve()):
-        raise UserError(f"{what} {path} is a symbolic link to {path.resolve()}, outside {folder}: refusing to read it")
-    return path
+        raise UserError(f"{what} {name!r} must name a file inside {folder} (no absolute path, no '..'): refusing to read it")
+    path, real_folder = Path(folder) / relative, Path(folder).resolve()
+    real = path.resolve()
+    if not real.is_relative_to(real_folder):
+        raise UserError(f"{path} is a symbolic link to {real}, outside {folder}: refusing to read it")
+    return real
+
+
+def regular_size(path, what=None):
+    """The size of `path` (not following a final link), which must be a regular file;
+    FileNotFoundError when it is missing."""
+    info = os.stat(path, follow_symlinks=False)
+    if not stat.S_ISREG(info.st_mode):
+        raise UserError(f"{what or path} is {kind_of(info.st_mode)}, not a regular file: refusing to read it")
+    return info.st_size

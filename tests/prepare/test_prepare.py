@@ -263,6 +263,21 @@ def test_bad_jsonl_lines_are_named(tmp_path):
     assert_fails(tmp_path, args, r'd.jsonl, line 2: "text" is a int, not a string')
 
 
+def test_lone_surrogates_in_jsonl_are_named_or_replaced(tmp_path):
+    """JSON can spell a lone surrogate (\\ud800), which is no character: refused with the
+    file, line and character, or replaced under --errors replace; never a traceback later."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "fine text here"}\n{"text": "ab\\ud800cd and more words"}\n')
+    args = ["--input", str(path), "--tokenizer", "char", "--name", "x"]
+    assert_fails(tmp_path, args, r'd.jsonl, line 2: "text" holds a lone surrogate U\+D800 at character 2 .*--errors replace')
+    assert_fails(tmp_path, [*args[:3], "gpt2", *args[4:]], r"d.jsonl, line 2: .* lone surrogate U\+D800")
+    prepare.main(args + ["--out_dir", str(tmp_path / "ok"), "--quiet", "--errors", "replace"])
+    assert "".join(decode_both(tmp_path / "ok" / "x")) == "fine text here" + "ab\ufffdcd and more words"
+    path.write_text('{"text": "a smile \\ud83d\\ude00 is a pair, and fine"}\n{"text": "more text"}\n')
+    prepare.main(args + ["--out_dir", str(tmp_path / "pair"), "--quiet"])
+    assert "\U0001F600" in "".join(decode_both(tmp_path / "pair" / "x"))
+
+
 def test_unknown_tokenizer_and_dataset(tmp_path):
     (tmp_path / "a.txt").write_text("hello world")
     assert_fails(
