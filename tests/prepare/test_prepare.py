@@ -20,7 +20,7 @@ from gptkit.prepare import sources as prepare_sources
 from gptkit.prepare.encode import build_tasks, gpt2_cut
 from gptkit.tokenizer import tokenizer_from_dict
 import prepare
-from repo import REPO
+from repo import REPO, reset_sigint
 
 
 
@@ -312,7 +312,13 @@ def test_download_is_checked_and_cached(shakespeare_path, tmp_path, monkeypatch)
     assert load(tmp_path / "shakespeare_char")[0]["num_tokens"]["val"] == 111540
 
 
-def test_ctrl_c_exits_130_and_writes_nothing(tmp_path, tiktoken_available):
+def ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# "ignored": started as `prepare.py ... &` in a script is; prepare.py must take Ctrl-C back.
+@pytest.mark.parametrize("inherited", [reset_sigint, ignore_sigint], ids=["default", "ignored"])
+def test_ctrl_c_exits_130_and_writes_nothing(tmp_path, tiktoken_available, inherited):
     path = tmp_path / "big.txt"
     path.write_text("The quick brown fox jumps over the lazy dog.\n" * 200_000)  # ~10 s of BPE
     proc = subprocess.Popen(
@@ -334,6 +340,7 @@ def test_ctrl_c_exits_130_and_writes_nothing(tmp_path, tiktoken_available):
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        preexec_fn=inherited,
     )
     deadline = time.monotonic() + 30
     while not list((tmp_path / "out").glob("big/.train.bin.tmp-*")):  # tokenizing has begun
