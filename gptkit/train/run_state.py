@@ -62,6 +62,26 @@ def set_rng_state(state, device):
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
 
 
+def rng_to_json(state):
+    """rng_state(...) with its tensors as lists of ints: JSON, for a sharded checkpoint's run.json."""
+    return {
+        "torch": state["torch"].tolist(),
+        "cuda": [s.tolist() for s in state["cuda"]],
+        "python": [state["python"][0], list(state["python"][1]), state["python"][2]],
+        "numpy": {**state["numpy"], "keys": state["numpy"]["keys"].tolist()},
+    }
+
+
+def rng_from_json(obj):
+    """rng_to_json's inverse (check_rng_state then says whether the result is usable)."""
+    return {
+        "torch": torch.tensor(obj["torch"], dtype=torch.uint8),
+        "cuda": [torch.tensor(s, dtype=torch.uint8) for s in obj["cuda"]],
+        "python": (obj["python"][0], tuple(obj["python"][1]), obj["python"][2]),
+        "numpy": {**obj["numpy"], "keys": torch.tensor(obj["numpy"]["keys"], dtype=torch.int64)},
+    }
+
+
 def check_loop_state(ckpt, source):
     """The loop's counters and RNG states of a checkpoint (one file, or a sharded
     run.json after rng_from_json), each of the type resuming needs: a UserError naming
@@ -82,8 +102,8 @@ def check_loop_state(ckpt, source):
     if per_rank is not None:
         if not isinstance(per_rank, list):
             raise _damaged(source, "its per-rank RNG states are not a list")
-        for state in per_rank:
-            check_rng_state(state, source)
+        for state in per_rank:  # a rank's entry may hold only some generators: resuming merges it over rng
+            check_rng_state({**rng, **state} if isinstance(state, dict) else state, source)
 
 
 def check_rng_state(state, source):

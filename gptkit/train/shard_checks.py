@@ -170,7 +170,7 @@ def parse_run(raw, source):
     """run.json's bytes as a dict whose every field has been checked (RNG states stay JSON)."""
     from gptkit.loading import checked_model_config
     from gptkit.tokenizer import check_description
-    from gptkit.train.run_state import check_loop_state
+    from gptkit.train.run_state import check_loop_state, rng_from_json
 
     try:
         run = json.loads(raw)
@@ -193,8 +193,6 @@ def parse_run(raw, source):
     rng = run.get("rng")
     if not isinstance(rng, dict) or not isinstance(rng.get("per_rank"), list) or not 1 <= len(rng["per_rank"]) <= run["world_size"]:
         raise UserError(f"{source}: its 'rng' must hold the RNG states of each of its {run['world_size']} ranks")
-    from gptkit.train.sharded import rng_from_json
-
     try:
         states = {**rng_from_json(rng), "per_rank": [rng_from_json(r) for r in rng["per_rank"]]}
     except (TypeError, ValueError, KeyError, IndexError, OverflowError, RuntimeError, AttributeError) as e:

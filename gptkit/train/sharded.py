@@ -66,7 +66,7 @@ from gptkit.checkpoint import non_finite_tensors, save_checkpoint
 from gptkit.lock import fsync_dir
 from gptkit.errors import PeerFailed, RunFailed, UserError
 from gptkit.train import distributed
-from gptkit.train.run_state import rng_state
+from gptkit.train.run_state import rng_from_json, rng_state, rng_to_json
 from gptkit.train.shard_checks import METADATA_FILE, RUN_FILE, Changed, Snapshot, file_record, open_snapshot
 
 FORMAT_VERSION = 2  # 2: run.json records each file's size and SHA-256
@@ -162,25 +162,6 @@ def _write_json(path, obj):
         json.dump(obj, f)
         f.flush()
         os.fsync(f.fileno())
-
-
-def rng_to_json(state):
-    """run_state.rng_state(...) with its tensors as lists of ints (JSON)."""
-    return {
-        "torch": state["torch"].tolist(),
-        "cuda": [s.tolist() for s in state["cuda"]],
-        "python": [state["python"][0], list(state["python"][1]), state["python"][2]],
-        "numpy": {**state["numpy"], "keys": state["numpy"]["keys"].tolist()},
-    }
-
-
-def rng_from_json(obj):
-    return {
-        "torch": torch.tensor(obj["torch"], dtype=torch.uint8),
-        "cuda": [torch.tensor(s, dtype=torch.uint8) for s in obj["cuda"]],
-        "python": (obj["python"][0], tuple(obj["python"][1]), obj["python"][2]),
-        "numpy": {**obj["numpy"], "keys": torch.tensor(obj["numpy"]["keys"], dtype=torch.int64)},
-    }
 
 
 # ---- finding and loading ------------------------------------------------------------
