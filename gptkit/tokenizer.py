@@ -27,8 +27,7 @@ def load_gpt2_encoding():
     except Exception as e:  # tiktoken raises requests/OS errors when it cannot download
         raise UserError(
             f"could not load the GPT-2 BPE files ({type(e).__name__}: {e}). Offline, point "
-            "TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached GPT-2 files "
-            "(this repository's tests use ../shared/data/tiktoken)"
+            "TIKTOKEN_CACHE_DIR at a folder holding a local copy of tiktoken's cached GPT-2 files"
         )
 
 

@@ -1,4 +1,5 @@
-"""Shared test set-up: offline data from ../shared, markers, tiny helpers."""
+"""Shared test set-up: offline data (local copies beside the repository, or named by
+TINYSHAKESPEARE and TIKTOKEN_CACHE_DIR), markers, tiny helpers."""
 
 import os
 import signal

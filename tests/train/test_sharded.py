@@ -173,3 +173,20 @@ def test_a_reader_during_repeated_saves_gets_one_whole_save(tmp_path):
     assert all("kept changing while it was read" in m for m in messages), messages[:3]
     print(f"{len(seen)} whole reads of {len(set(seen))} different saves, {len(messages)} retried out")
     assert len(set(seen)) >= 3 and len(seen) >= 5
+
+
+def test_a_checkpoint_saved_before_checksums_loads_with_a_note_and_its_structure_checked(tmp_path, capsys):
+    model, optimizers = trained()
+    save(tmp_path, model, optimizers)
+    folder = tmp_path / "ckpt"
+    run = json.loads((folder / "run.json").read_text())
+    del run["files"]
+    (folder / "run.json").write_text(json.dumps({**run, "format_version": 1}))
+    fresh, fresh_opts = trained(seed=1)
+    sharded.load_into(folder, fresh, fresh_opts)
+    assert "recorded no checksums: only its structure is checked" in capsys.readouterr().err
+    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), name
+    (folder / "__9_0.distcp").write_bytes(b"x")  # without a list of files, .metadata decides what belongs
+    with pytest.raises(UserError, match=r"no tensor is stored in __9_0.distcp"):
+        sharded.load_into(folder, fresh, fresh_opts)
