@@ -310,3 +310,18 @@ def test_resume_in_one_process_from_the_two_rank_checkpoint_refuses_a_flipped_bi
     shard.write_bytes(bytes(data))
     with pytest.raises(UserError, match=r"__0_0.distcp fails its checksum"):
         train.main(tiny_args(saved[0], copy, init_from="resume", max_iters=8))
+
+
+@pytest.mark.slow
+def test_a_two_rank_resume_stops_every_rank_on_the_shard_one_rank_found_damaged(copy, saved):
+    """Under torchrun each rank hashes its share of the shards: rank 1 checks __1_0.distcp,
+    and its finding stops both ranks before a step, in rank 0's one line."""
+    shard = copy / "ckpt" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3] ^= 0x10
+    shard.write_bytes(bytes(data))
+    metrics = (copy / "metrics.jsonl").read_bytes()
+    result = run_torchrun(tiny_args(saved[0], copy, parallel="fsdp", init_from="resume", max_iters=8), cwd=copy.parent)
+    assert result.returncode != 0
+    assert "error: on rank 1: " in result.stderr and "__1_0.distcp fails its checksum" in result.stderr, result.stderr[-2000:]
+    assert (copy / "metrics.jsonl").read_bytes() == metrics
