@@ -104,9 +104,7 @@ def check_description(d, source):
         return len(chars)
     if kind == "gpt2":
         return GPT2_VOCAB_SIZE
-    if kind == "bpe":
-        if not isinstance(d.get("json"), str):  # meta.json's pointer to tokenizer.json: checked when embedded
-            return d.get("vocab_size")
+    if kind == "bpe":  # meta.json's pointer to tokenizer.json must be embedded first (embed_bpe_file)
         try:
             return bpe_from_dict(d).vocab_size
         except UserError as e:

@@ -89,7 +89,7 @@ def open_snapshot(folder, rank=0, world_size=1, note=print):
     every world_size-th shard file (and .metadata)."""
     folder = Path(folder)
     try:
-        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise Changed()
     except OSError as e:

@@ -20,8 +20,8 @@ a checkpoint saved by W ranks loads on any number of ranks (also one process
 without torchrun, or DDP). The dropout streams are then new ones (each rank
 draws its own), so such a resume is close to, not equal to, the original run.
 
-Verified on every load (open_checkpoint, the one loader that resume, convert.py
-and sampling use; the checks are in shard_checks.py): run.json records each
+Verified on every load (open_checkpoint, the one loader for every reader: resume,
+convert.py; the checks are in shard_checks.py): run.json records each
 file's size and SHA-256, and a load refuses, in one line, any folder whose files
 differ, whose .metadata does not cover every tensor exactly once, that holds a
 FIFO, link or extra file, or whose run.json has a field of the wrong type. A
