@@ -190,3 +190,14 @@ def test_a_checkpoint_saved_before_checksums_loads_with_a_note_and_its_structure
     (folder / "__9_0.distcp").write_bytes(b"x")  # without a list of files, .metadata decides what belongs
     with pytest.raises(UserError, match=r"no tensor is stored in __9_0.distcp"):
         sharded.load_into(folder, fresh, fresh_opts)
+
+
+def test_weights_alone_load_through_the_verified_loader(tmp_path):
+    """What sampling needs: open_checkpoint, a model from its run.json, load_into without optimizers."""
+    model, optimizers = trained()
+    save(tmp_path, model, optimizers)
+    snapshot = sharded.open_checkpoint(tmp_path)
+    fresh = GPT(GPTConfig(**snapshot.run["model_config"]))
+    sharded.load_into(snapshot, fresh, [])
+    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), name
