@@ -31,6 +31,7 @@ import torch
 
 from gptkit import dataset
 from gptkit import faults
+from gptkit import fused
 from gptkit import scoring
 from gptkit.checkpoint import save_checkpoint, write_text_atomic
 from gptkit.config import parse_settings, setting, settings_dict
@@ -247,6 +248,8 @@ def run(model_cfg, cfg, d, start):
         for warning in optim.schedule_warnings(cfg):
             print(f"warning: {warning}")
     raw_model.to(device)
+    if device_type == "cpu" and ptdtype == torch.float32:  # hand-written backward for RMSNorm, ReLU² (gptkit/fused.py)
+        fused.apply(raw_model)
     if cfg.activation_checkpointing:
         fsdp.checkpoint_blocks(raw_model)
     if cfg.parallel == "fsdp":  # shard in place before the optimizers see the parameters
