@@ -24,6 +24,7 @@ import torch
 
 from gptkit import dataset
 from gptkit import faults
+from gptkit import fused
 from gptkit import scoring
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.device import resolve_device, training_dtype
@@ -86,6 +87,8 @@ def start(model_cfg, cfg, dist, dev):
         for warning in optim.schedule_warnings(cfg):
             print(f"warning: {warning}")
     raw_model.to(dev.name)
+    if dev.type == "cpu" and dev.dtype == torch.float32:  # hand-written backward for RMSNorm, ReLU² (gptkit/fused.py)
+        fused.apply(raw_model)
     if cfg.activation_checkpointing:
         fsdp.checkpoint_blocks(raw_model)
     return meta, raw_model, model_cfg, ckpt
