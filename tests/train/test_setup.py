@@ -57,3 +57,19 @@ def test_loop_state_checks_accept_what_runs_save_and_name_what_is_wrong():
                        ({"rng": {**rng, "python": (3, (1, 2), None)}}, "RNG states are malformed")):
         with pytest.raises(UserError, match=rf"ckpt.pt: its {match}|ckpt.pt: {match}"):
             check_loop_state({**good, **bad}, "ckpt.pt")
+
+
+def test_start_swaps_in_the_hand_written_backward_on_cpu_float32_only(tmp_path):
+    """The quick start's speed on CPUs depends on set-up applying gptkit/fused.py: a run
+    without it trains the same numbers ~10% slower, so no loss test would notice."""
+    from gptkit import fused
+    from gptkit.train import distributed, setup
+
+    write_char_dataset(tmp_path / "data")
+    model_cfg = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, norm="rmsnorm", mlp="relu2")
+    cfg = train.TrainConfig(data_dir=str(tmp_path / "data"), dataset="tiny", out_dir=str(tmp_path / "out"), device="cpu")
+    for dtype, swapped in ((torch.float32, True), (torch.bfloat16, False)):
+        dev = setup.Device("cpu", dtype, compile=False)
+        _, model, _, _ = setup.start(model_cfg, cfg, distributed.Dist(), dev)
+        kinds = {type(m) for m in model.modules()}
+        assert (fused.FusedRMSNorm in kinds and fused.FusedReLU2 in kinds) == swapped, (dtype, kinds)
