@@ -25,7 +25,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gptkit.errors import run_main
+from gptkit.errors import ArgumentParser, run_main
 
 SUITES = {
     "prepare": "benchmarks.bench_prepare",
@@ -41,7 +41,7 @@ RESULTS = Path(__file__).resolve().parent / "benchmarks" / "LOG.md"
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_common_arguments(parser, argparse.SUPPRESS)  # before the suite: bench.py --no_record train
@@ -89,7 +89,7 @@ def main(argv=None):
         module = importlib.import_module(SUITES[name])
         suite_args = args
         if args.suite == "all":  # each suite's own defaults
-            suite_parser = argparse.ArgumentParser()
+            suite_parser = ArgumentParser()
             module.add_arguments(suite_parser)
             suite_args = suite_parser.parse_args([])
         suite_args.cpu_peak_flops = peak

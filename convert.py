@@ -16,18 +16,13 @@ ckpt.pt file, which any run resumes and sample.py reads (gptkit/train/sharded.py
 
 import argparse
 
-from gptkit.errors import UserError, run_main
+from gptkit.errors import ArgumentParser, run_main
 from gptkit.paths import claim_output
 
 FORMATS = {
     "hf": "a Hugging Face folder: model, config and tokenizer (transformers loads it)",
     "pt": "one ckpt.pt file from an FSDP run's sharded checkpoint (OUT_DIR or OUT_DIR/ckpt)",
 }
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):  # one line through run_main, not argparse's usage + exit
-        raise UserError(f"{message} (see python convert.py --help)")
 
 
 def build_parser():

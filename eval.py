@@ -30,12 +30,12 @@ import torch
 
 from gptkit import evaluation, hellaswag
 from gptkit.device import DTYPES, resolve_device, training_dtype
-from gptkit.errors import run_main
+from gptkit.errors import ArgumentParser, run_main
 from gptkit.paths import claim_output
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="eval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("models", nargs="*", metavar="CKPT_OR_OUT_DIR",
@@ -77,7 +77,7 @@ def plot_main(argv):
     """`eval.py plot OUT_DIR ... [--out FILE]`: the loss curves of training runs."""
     from gptkit import plot
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="eval.py plot", description="Plot train/val loss and learning rate of training runs (needs matplotlib)."
     )
     parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run folders to compare")

@@ -13,7 +13,6 @@ attention). Keys are read as lines from stdin, so a pipe can drive it too:
     python lab.py params configs/gpt2.py   # where GPT-2's 124M parameters are (gptkit/params.py)
 """
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from gptkit import params
-from gptkit.errors import UserError, run_main
+from gptkit.errors import ArgumentParser, UserError, run_main
 from model import CausalSelfAttention, GPTConfig, reference_attention
 
 DEFAULT_TEXT = "the cat sat on mat"
@@ -265,7 +264,7 @@ def main(argv=None):
         rest = argv[1:]
         print(params.usage() if "-h" in rest or "--help" in rest else params.report_from_argv(rest))
         return 0
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="lab.py", description="Step through self-attention on five words (d=4).",
         epilog="python lab.py params CONFIG.py [--key=value ...]: parameter counts per component "
         "(python lab.py params --help)",

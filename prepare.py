@@ -10,7 +10,7 @@ What the files hold and how they are written: gptkit/prepare/build.py.
 
 import argparse
 
-from gptkit.errors import UserError, run_main
+from gptkit.errors import ArgumentParser, UserError, run_main
 from gptkit.prepare.build import NAMED_DATASETS, check_dataset_name, prepare_dataset, prepare_named_dataset
 from gptkit.prepare.shakespeare import SHAKESPEARE_URL
 
@@ -50,11 +50,6 @@ place at the end (meta.json last): an interrupted run leaves the previous datase
 GPT-2 BPE needs tiktoken's files: offline, set TIKTOKEN_CACHE_DIR to a folder holding them.
 """
 )
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):  # one line through run_main, not argparse's usage + exit
-        raise UserError(f"{message} (see python prepare.py --help)")
 
 
 def build_parser():

@@ -17,6 +17,7 @@ its closing summary shows our one line as the root cause instead of a pointer to
 its documentation.
 """
 
+import argparse
 import json
 import os
 import sys
@@ -36,6 +37,14 @@ def first_line(error, limit=300):
 
 class UserError(Exception):
     """A mistake in the user's input; the message names the thing and the fix."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are a UserError: one line through run_main (exit 2),
+    instead of argparse's usage text and its own exit."""
+
+    def error(self, message):
+        raise UserError(f"{message} (see python {self.prog} --help)")
 
 
 class RunFailed(Exception):
