@@ -94,7 +94,7 @@ def main(argv=None):
         return plot_main(argv[1:])
     args = parse_args(argv)
     device = resolve_device(args.device)
-    settings = evaluation.Settings(device, training_dtype(args.dtype, device.type), args.batch_size, args.stride,
+    settings = evaluation.Settings(device, training_dtype(args.dtype, device), args.batch_size, args.stride,
                                    args.max_tokens, progress=not args.no_progress)
     # Read the inputs before loading any model: a bad file fails fast.
     texts = evaluation.read_texts(args.input) if args.input else None

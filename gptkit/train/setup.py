@@ -26,7 +26,7 @@ from gptkit import dataset
 from gptkit import faults
 from gptkit import scoring
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
-from gptkit.device import resolve_device, training_dtype
+from gptkit.device import enable_tf32, resolve_device, training_dtype
 from gptkit.errors import UserError
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
 from gptkit.tokenizer import tokenizer_from_dict
@@ -55,11 +55,10 @@ class Device:
     @classmethod
     def choose(cls, cfg, dist):
         device = str(resolve_device(cfg.device, dist.local_rank if dist.enabled else None))
-        dtype = training_dtype(cfg.dtype, device.split(":")[0])
+        dtype = training_dtype(cfg.dtype, device)
         distributed.agreed(dist, lambda: fsdp.check_settings(cfg.parallel, dist.enabled, dtype))
-        if device.startswith("cuda"):  # TF32 for float32 matmuls and convolutions
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        if device.startswith("cuda"):
+            enable_tf32()
         use_compile = cfg.compile == "true" or (cfg.compile == "auto" and device.startswith("cuda"))
         return cls(device, dtype, use_compile)
 
