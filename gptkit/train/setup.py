@@ -250,11 +250,15 @@ def describe_vocab(tokenizer, vocab_size):
 class Forward:
     """model(x, y) through torch.compile, falling back to eager (with a warning naming
     the error) when compilation fails: a broken backend fails at the first forward
-    pass, not at torch.compile() (measured: docs/reliability.md)."""
+    pass, not at torch.compile() (measured: docs/reliability.md). That is after
+    config.json was written, so the run's records learn of it through
+    `report_fallback_to`; `error` keeps the reason."""
 
     def __init__(self, eager, use_compile):
         self.eager = eager  # the raw model, or DDP around it
         self.compiled = None
+        self.error = None
+        self.on_fallback = None
         if use_compile:
             try:
                 self.compiled = torch.compile(eager)
@@ -263,8 +267,17 @@ class Forward:
 
     def _fall_back(self, e):
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"warning: torch.compile failed ({type(e).__name__}: {first[:300]}); continuing without compile", file=sys.stderr)
+        self.error = f"{type(e).__name__}: {first[:300]}"
+        print(f"warning: torch.compile failed ({self.error}); continuing without compile", file=sys.stderr)
         self.compiled = None
+        if self.on_fallback is not None:
+            self.on_fallback(self.error)
+
+    def report_fallback_to(self, record):
+        """Call record(reason) when compilation fails (at once if it already has)."""
+        self.on_fallback = record
+        if self.error is not None:
+            record(self.error)
 
     def __call__(self, x, y):
         if self.compiled is not None:
