@@ -65,7 +65,9 @@ def write_random_dataset(folder, vocab_size, n_train=2_000_000, n_val=200_000, s
     folder.mkdir(parents=True)
     rng.integers(0, vocab_size, n_train).astype(dtype).tofile(folder / "train.bin")
     rng.integers(0, vocab_size, n_val).astype(dtype).tofile(folder / "val.bin")
-    tokenizer = {"type": "gpt2"} if vocab_size == 50257 else {"type": "char", "chars": [chr(32 + i) for i in range(vocab_size)]}
+    # A character vocabulary of the same size even for GPT-2's 50,257 ids: speed does not
+    # depend on the tokenizer, and GPT-2's BPE files would need a network (or a local copy).
+    tokenizer = {"type": "char", "chars": [chr(32 + i) for i in range(vocab_size)]}
     meta = {"format_version": 1, "tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": dtype,
             "eot_id": None, "num_tokens": {"train": n_train, "val": n_val}, "sources": [],
             "split": {"rule": "random ids for benchmarking", "val_fraction": 0.1}, "fingerprint": "random"}

@@ -27,6 +27,13 @@ EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
 
 
+def first_line(error, limit=300):
+    """The first line of an exception's message, cut to `limit` characters, or its
+    type's name when it says nothing: what a one-line error quotes of a cause."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
 class UserError(Exception):
     """A mistake in the user's input; the message names the thing and the fix."""
 
@@ -89,7 +96,7 @@ def run_main(main, argv=None):
     except (MemoryError, RuntimeError) as e:
         if not _out_of_memory(e):
             raise
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        first = first_line(e, 200)
         print(f"error: out of memory ({first}): use a smaller batch_size, block_size, num_samples or model", file=sys.stderr)
         _tell_torchrun(f"error: out of memory ({first})")
         code = EXIT_FAILED

@@ -27,7 +27,8 @@ from gptkit import faults
 from gptkit import scoring
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.device import enable_tf32, resolve_device, training_dtype
-from gptkit.errors import UserError
+from gptkit.errors import UserError, first_line
+from gptkit.interop.hf_gpt2 import HUB_NAMES, load_gpt2
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
 from gptkit.tokenizer import tokenizer_from_dict
 from gptkit.train import distributed
@@ -38,6 +39,8 @@ from gptkit.train.run_state import RunState, set_rng_state
 from model import GPT, GPTConfig
 
 FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
+MAX_MICRO_BATCH_TOKENS = 2**31  # beyond int32 indexing, and beyond any machine's memory for activations
+MAX_EVAL_WINDOWS = 10_000_000  # their start offsets alone would take 80 MB
 
 
 @dataclasses.dataclass
@@ -183,9 +186,6 @@ def eval_byte_lengths(meta, device):
         print(f"warning: evaluations will show no bits per byte: {e}")
         return None
 
-MAX_MICRO_BATCH_TOKENS = 2**31  # beyond int32 indexing, and beyond any machine's memory for activations
-MAX_EVAL_WINDOWS = 10_000_000  # their start offsets alone would take 80 MB
-PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
 
 def init_model(model_cfg, cfg, meta, out_dir):
@@ -215,9 +215,7 @@ def init_model(model_cfg, cfg, meta, out_dir):
         if "model" in ckpt:  # a sharded checkpoint's weights load after sharding (train.py)
             model.load_state_dict(ckpt["model"])
         return model, model_cfg, ckpt
-    if cfg.init_from in PRETRAINED or Path(cfg.init_from).is_dir():
-        from gptkit.interop.hf_gpt2 import load_gpt2
-
+    if cfg.init_from in HUB_NAMES or Path(cfg.init_from).is_dir():
         if meta["tokenizer"].get("type") != "gpt2":
             raise UserError(
                 f"vocabulary mismatch: init_from={cfg.init_from} uses GPT-2's BPE vocabulary, but dataset "
@@ -228,7 +226,7 @@ def init_model(model_cfg, cfg, meta, out_dir):
             model.crop_block_size(model_cfg.block_size)
         return model, model.config, None
     raise UserError(
-        f"init_from={cfg.init_from!r} is not scratch, resume, {', '.join(PRETRAINED)} or an existing folder"
+        f"init_from={cfg.init_from!r} is not scratch, resume, {', '.join(HUB_NAMES)} or an existing folder"
     )
 
 
@@ -266,8 +264,7 @@ class Forward:
                 self._fall_back(e)
 
     def _fall_back(self, e):
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        self.error = f"{type(e).__name__}: {first[:300]}"
+        self.error = f"{type(e).__name__}: {first_line(e)}"
         print(f"warning: torch.compile failed ({self.error}); continuing without compile", file=sys.stderr)
         self.compiled = None
         if self.on_fallback is not None:
