@@ -51,7 +51,7 @@ def parse_args(argv):
     parser.add_argument("--max_tokens", type=int, help="score only the first N tokens of the text or split")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPES),
-                        help="auto: bfloat16 on GPUs that have it, float32 on CPUs (default: %(default)s)")
+                        help="auto: bfloat16 on GPUs that compute it natively, float16 on older ones, float32 on CPUs (default: %(default)s)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON (- for stdout, instead of the table)")
     parser.add_argument("--no_progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
