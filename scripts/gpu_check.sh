@@ -62,7 +62,7 @@ step parallel 150 python -m pytest -m gpu tests/train/test_fsdp_gpu.py -q
 step speed 80 python bench.py --no_record train --device cuda --model gpt2 --block_size 1024 --batch_size 16 --iters 30 --warmup 10
 
 echo
-echo "## GPU check summary ($(head -n 1 "$LOGS/cuda.log" 2>/dev/null))"
+echo "## GPU check summary ($(tail -n 1 "$LOGS/cuda.log" 2>/dev/null))"
 echo
 echo "| step | result | seconds |"
 echo "|---|---|---|"
