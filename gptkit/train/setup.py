@@ -30,6 +30,7 @@ from gptkit.device import enable_tf32, resolve_device, training_dtype
 from gptkit.errors import UserError, first_line
 from gptkit.interop.hf_gpt2 import HUB_NAMES, load_gpt2
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
+from gptkit.paths import claim_output
 from gptkit.tokenizer import tokenizer_from_dict
 from gptkit.train import distributed
 from gptkit.train import fsdp
@@ -129,8 +130,7 @@ def resume(ckpt, raw_model, optimizers, scaler, cfg, dist, dev):
     set_rng_state(rng, dev.name)
     state = RunState.from_checkpoint(ckpt)
     if dist.is_main:
-        source = ckpt["sharded"] if "sharded" in ckpt else out_dir / "ckpt.pt"
-        print(f"resumed from {source} at iteration {state.iter_num} (best val loss {state.best_val_loss:.4f})")
+        print(f"resumed from {checkpoint_source(ckpt, out_dir)} at iteration {state.iter_num} (best val loss {state.best_val_loss:.4f})")
     return state
 
 
@@ -198,17 +198,17 @@ def init_model(model_cfg, cfg, meta, out_dir):
         saved = GPTConfig(**ckpt["model_config"])
         if ckpt.get("tokenizer") != meta["tokenizer"] or saved.vocab_size != meta["vocab_size"]:
             raise UserError(
-                f"vocabulary mismatch: {out_dir}/ckpt.pt was trained with a {describe_vocab(ckpt.get('tokenizer'), saved.vocab_size)} "
+                f"vocabulary mismatch: {checkpoint_source(ckpt, out_dir)} was trained with a {describe_vocab(ckpt.get('tokenizer'), saved.vocab_size)} "
                 f"vocabulary, but dataset {cfg.dataset} has a {describe_vocab(meta['tokenizer'], meta['vocab_size'])} one: "
                 "resume on the checkpoint's dataset (--dataset) or start a new out_dir"
             )
         if ckpt.get("data_fingerprint") != meta.get("fingerprint"):
-            print(f"warning: dataset {cfg.dataset} differs from the one {out_dir}/ckpt.pt was trained on (fingerprint changed)")
+            print(f"warning: dataset {cfg.dataset} differs from the one {checkpoint_source(ckpt, out_dir)} was trained on (fingerprint changed)")
         differing = [f.name for f in dataclasses.fields(GPTConfig) if f.name not in ("vocab_size", "dropout") and getattr(saved, f.name) != getattr(model_cfg, f.name)]
         if differing:
             print(f"note: resuming keeps the checkpoint's model settings; ignoring {', '.join(differing)}")
         model_cfg = dataclasses.replace(saved, dropout=model_cfg.dropout)
-        bad = non_finite_tensors(ckpt, f"{out_dir}/ckpt.pt")
+        bad = non_finite_tensors(ckpt, str(checkpoint_source(ckpt, out_dir)))
         if bad:
             raise UserError(f"{bad[0]} holds NaN or inf: this checkpoint cannot be resumed; start again or use another")
         model = GPT(model_cfg)
@@ -228,6 +228,11 @@ def init_model(model_cfg, cfg, meta, out_dir):
     raise UserError(
         f"init_from={cfg.init_from!r} is not scratch, resume, {', '.join(HUB_NAMES)} or an existing folder"
     )
+
+
+def checkpoint_source(ckpt, out_dir):
+    """The file or folder a resumed checkpoint was read from, for messages."""
+    return ckpt["sharded"] if "sharded" in ckpt else Path(out_dir) / "ckpt.pt"
 
 
 def _resume_checkpoint(out_dir):
@@ -320,9 +325,8 @@ class OutDir:
     RUN_FILES = ("ckpt.pt", "best.pt", "metrics.jsonl", "config.json")
 
     def __init__(self, cfg):
-        self.path = Path(cfg.out_dir)
-        if self.path.exists() and not self.path.is_dir():
-            raise UserError(f"out_dir {self.path} exists and is not a folder: choose another --out_dir")
+        # A folder (not a file), writable, with a name the system takes: else one line now.
+        self.path = claim_output(cfg.out_dir, "folder", overwrite=True, what="out_dir")
         self.created = not self.path.exists()
         try:
             self.lock = FolderLock(self.path, "training run", "use another --out_dir").acquire()
@@ -395,10 +399,10 @@ def check_resumable(ckpt, optimizers, out_dir, cfg):
         if ckpt["config"].get("optimizer") != cfg.optimizer:
             raise UserError(f"{ckpt['sharded']} was trained with optimizer={ckpt['config'].get('optimizer')}: resume with --optimizer as before")
     elif cfg.parallel == "ddp" and (not isinstance(ckpt.get("optimizer"), list) or len(ckpt["optimizer"]) != len(optimizers)):
-        raise UserError(f"{out_dir}/ckpt.pt was trained with a different optimizer setting: resume with --optimizer as before")
+        raise UserError(f"{checkpoint_source(ckpt, out_dir)} was trained with a different optimizer setting: resume with --optimizer as before")
     for key, kind in (("iter_num", int), ("best_val_loss", float), ("val_loss", float), ("rng", dict)):
         if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
-            raise UserError(f"{out_dir}/ckpt.pt: its {key!r} is {type(ckpt.get(key)).__name__}, not {kind.__name__}: it is damaged or not ours")
+            raise UserError(f"{checkpoint_source(ckpt, out_dir)}: its {key!r} is {type(ckpt.get(key)).__name__}, not {kind.__name__}: it is damaged or not ours")
 
 
 def check_batch_sizes(model_cfg, cfg):

@@ -331,6 +331,13 @@ def sharded_to_single(src, dest):
 
     The result is what a DDP or one-device run saves: it resumes with
     --init_from=resume and samples with sample.py. Runs in one process."""
+    save_checkpoint(read_as_single(src), dest)
+    return Path(dest)
+
+
+def read_as_single(src):
+    """A sharded checkpoint (out_dir or out_dir/ckpt/) as the dict a one-file ckpt.pt
+    holds, read as resume reads it (read_run, load_into); for sample.py and eval.py too."""
     from types import SimpleNamespace
 
     from gptkit.train import optim
@@ -355,5 +362,4 @@ def sharded_to_single(src, dest):
         "rng": {**{k: v for k, v in rng.items() if k != "per_rank"},
                 "per_rank": rng["per_rank"] if len(rng["per_rank"]) > 1 else None},
     }
-    save_checkpoint(obj, dest)
-    return Path(dest)
+    return obj
