@@ -78,8 +78,22 @@ def _out_of_memory(e):
     return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or any(s in text for s in signs)
 
 
+def catch_ctrl_c():
+    """Make Ctrl-C raise KeyboardInterrupt in this process, even when SIGINT came in
+    ignored (a launcher, or `cmd &` in a script, starts a program that way): our
+    scripts handle it (exit 130, temporary files removed), and a user's Ctrl-C must
+    work. Returns the previous handler. Handlers live in the main thread only."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run_main(main, argv=None):
     """Call `main(argv)` and exit with its code, turning our errors into messages."""
+    catch_ctrl_c()
     try:
         code = main(argv)
     except (UserError, RunFailed) as e:

@@ -11,6 +11,7 @@ import torch
 from gptkit.checkpoint import FORMAT_VERSION, load_checkpoint, non_finite_tensors
 from gptkit.config import read_config_file
 from gptkit.errors import UserError
+from gptkit.interop.hf_gpt2 import HUB_NAMES
 from gptkit.paths import shown
 from gptkit.interop.nanogpt import (
     is_nanogpt_checkpoint,
@@ -21,7 +22,6 @@ from gptkit.interop.nanogpt import (
 )
 from gptkit.tokenizer import tokenizer_from_dict
 
-GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 CHECKPOINT_NAMES = ("best.pt", "ckpt.pt")  # best.pt first: the weights with the lowest val loss
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # the shipped configs, beside gptkit/
 
@@ -203,9 +203,9 @@ def load_model(init_from="resume", out_dir="out-shakespeare", ckpt=None, data_di
     name or a Hugging Face folder), or the checkpoint `ckpt`, else best.pt or ckpt.pt in
     out_dir. data_dir and meta locate a nanoGPT checkpoint's vocabulary."""
     if init_from != "resume":
-        if init_from not in GPT2_NAMES and not Path(init_from).is_dir():
+        if init_from not in HUB_NAMES and not Path(init_from).is_dir():
             raise UserError(
-                f"init_from={init_from!r} must be resume, one of {', '.join(GPT2_NAMES)}, "
+                f"init_from={init_from!r} must be resume, one of {', '.join(HUB_NAMES)}, "
                 "or a folder in Hugging Face format (config.json and model.safetensors)"
             )
         from gptkit.interop.hf_gpt2 import load_gpt2

@@ -21,6 +21,8 @@ what was read, not the size the file system reports (a pipe's is 0).
 
 import contextlib
 import json
+import os
+import re
 import shutil
 import stat
 import sys
@@ -189,7 +191,24 @@ def jsonl_texts(source, errors, on_raw=None):
             text = record["text"]
             if not isinstance(text, str):
                 raise UserError(f'{source.shown}, line {lineno}: "text" is a {type(text).__name__}, not a string')
-            yield text
+            yield scalar_values(text, source, lineno, errors)
+
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scalar_values(text, source, lineno, errors):
+    """`text` as Unicode scalar values only. JSON can spell a lone surrogate ("\\ud800"),
+    which is no character: it cannot be encoded as UTF-8, so no tokenizer can take it."""
+    bad = LONE_SURROGATE.search(text)
+    if bad is None:
+        return text
+    if errors == "replace":
+        return LONE_SURROGATE.sub("\ufffd", text)
+    raise UserError(
+        f'{source.shown}, line {lineno}: "text" holds a lone surrogate U+{ord(bad.group()):04X} at character '
+        f"{bad.start()} (not a Unicode character): fix the file, or pass --errors replace to replace it with U+FFFD"
+    )
 
 
 def iter_documents(sources, errors="strict", on_raw=None):

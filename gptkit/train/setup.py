@@ -24,6 +24,7 @@ import torch
 
 from gptkit import dataset
 from gptkit import faults
+from gptkit import fused
 from gptkit import scoring
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.device import enable_tf32, resolve_device, training_dtype
@@ -36,7 +37,7 @@ from gptkit.train import distributed
 from gptkit.train import fsdp
 from gptkit.train import optim
 from gptkit.train import sharded
-from gptkit.train.run_state import RunState, set_rng_state
+from gptkit.train.run_state import RunState, check_loop_state, set_rng_state
 from model import GPT, GPTConfig
 
 FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
@@ -85,6 +86,8 @@ def start(model_cfg, cfg, dist, dev):
         for warning in optim.schedule_warnings(cfg):
             print(f"warning: {warning}")
     raw_model.to(dev.name)
+    if dev.type == "cpu" and dev.dtype == torch.float32:  # hand-written backward for RMSNorm, ReLU² (gptkit/fused.py)
+        fused.apply(raw_model)
     if cfg.activation_checkpointing:
         fsdp.checkpoint_blocks(raw_model)
     return meta, raw_model, model_cfg, ckpt
@@ -400,9 +403,7 @@ def check_resumable(ckpt, optimizers, out_dir, cfg):
             raise UserError(f"{ckpt['sharded']} was trained with optimizer={ckpt['config'].get('optimizer')}: resume with --optimizer as before")
     elif cfg.parallel == "ddp" and (not isinstance(ckpt.get("optimizer"), list) or len(ckpt["optimizer"]) != len(optimizers)):
         raise UserError(f"{checkpoint_source(ckpt, out_dir)} was trained with a different optimizer setting: resume with --optimizer as before")
-    for key, kind in (("iter_num", int), ("best_val_loss", float), ("val_loss", float), ("rng", dict)):
-        if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
-            raise UserError(f"{checkpoint_source(ckpt, out_dir)}: its {key!r} is {type(ckpt.get(key)).__name__}, not {kind.__name__}: it is damaged or not ours")
+    check_loop_state(ckpt, checkpoint_source(ckpt, out_dir))
 
 
 def check_batch_sizes(model_cfg, cfg):
