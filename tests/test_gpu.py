@@ -154,3 +154,13 @@ def test_sample_cached_greedy_equals_uncached_on_cuda(trained_out, capsys):
     cached = greedy(capsys, trained_out, "--dtype", "float32", "--shift_context", "false")
     assert cached == greedy(capsys, trained_out, "--dtype", "float32", "--use_cache", "false")
     assert len(greedy(capsys, trained_out, "--dtype", "bfloat16")) == len(cached)  # bf16 weights run too
+
+
+def test_sample_compiled_decoding_equals_eager_and_compiles_once(trained_out, capsys, dynamo_counters):
+    """sample.py --compile: one compiled graph for every token and layer (no recompiles),
+    and, in float32, the eager cache's tokens."""
+    eager = greedy(capsys, trained_out, "--dtype", "float32", "--max_new_tokens", "60")
+    compiled = greedy(capsys, trained_out, "--dtype", "float32", "--max_new_tokens", "60", "--compile", "true")
+    assert compiled == eager
+    assert dynamo_counters["stats"]["unique_graphs"] == 1, dict(dynamo_counters["stats"])
+    assert sum(dynamo_counters["recompiles"].values()) == 0
