@@ -49,7 +49,7 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...: run it, log it, remember how it 
     NAMES+=("$name") RESULTS+=("$result") SECONDS_TAKEN+=($((SECONDS - start)))
 }
 
-step cuda 20 python -c "
+step cuda 15 python -c "
 import torch
 assert torch.cuda.is_available(), 'torch sees no CUDA device'
 p = torch.cuda.get_device_properties(0)
@@ -57,9 +57,9 @@ print(f'{torch.cuda.get_device_name()} | compute capability {p.major}.{p.minor} 
       f' | torch {torch.__version__} | CUDA {torch.version.cuda}')"
 TRAINING="mixed_precision or recipe or flash"
 step training 140 python -m pytest -m gpu tests/test_gpu.py -q -k "$TRAINING"
-step kernels 90 python -m pytest -m gpu tests/test_gpu.py -q -k "not ($TRAINING)"
-step parallel 150 python -m pytest -m gpu tests/train/test_fsdp_gpu.py -q
-step speed 80 python bench.py --no_record train --device cuda --model gpt2 --block_size 1024 --batch_size 16 --iters 30 --warmup 10
+step kernels 95 python -m pytest -m gpu tests/test_gpu.py -q -k "not ($TRAINING)"
+step parallel 140 python -m pytest -m gpu tests/train/test_fsdp_gpu.py -q
+step speed 90 python bench.py --no_record train --device cuda --model gpt2 --block_size 1024 --batch_size 16 --iters 30 --warmup 10
 
 echo
 echo "## GPU check summary ($(tail -n 1 "$LOGS/cuda.log" 2>/dev/null))"

@@ -134,10 +134,13 @@ def test_eval_py_equals_train_py_whole_split_loss(data_dir, tmp_path, capsys):
     assert row["loss"] == pytest.approx(load_checkpoint(out / "ckpt.pt")["val_loss"], abs=1e-3)
 
 
-@pytest.fixture
-def trained_out(data_dir, tmp_path):
-    out = tmp_path / "out"
-    assert train.main(tiny_args(data_dir, out, device="cuda", dtype="float32", max_iters=30, eval_interval=30,
+@pytest.fixture(scope="module")
+def trained_out(tmp_path_factory):
+    """A 4-layer model trained briefly on CUDA, shared by the sampling tests."""
+    tmp = tmp_path_factory.mktemp("sampling")
+    write_char_dataset(tmp / "data")
+    out = tmp / "out"
+    assert train.main(tiny_args(tmp / "data", out, device="cuda", dtype="float32", max_iters=30, eval_interval=30,
                                 n_layer=4, block_size=64)) == 0
     return out
 
