@@ -55,7 +55,7 @@ def parse_args(argv):
                         help="score only the first N tokens of the text or split (the text is read only that far)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPES),
-                        help="auto: bfloat16 on GPUs that have it, float32 on CPUs (default: %(default)s)")
+                        help="auto: bfloat16 on GPUs that compute it natively, float16 on older ones, float32 on CPUs (default: %(default)s)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON (- for stdout, instead of the table)")
     parser.add_argument("--no_progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -100,7 +100,7 @@ def main(argv=None):
         return plot_main(argv[1:])
     args = parse_args(argv)
     device = resolve_device(args.device)
-    settings = evaluation.Settings(device, training_dtype(args.dtype, device.type), args.batch_size, args.stride,
+    settings = evaluation.Settings(device, training_dtype(args.dtype, device), args.batch_size, args.stride,
                                    args.max_tokens, progress=not args.no_progress)
     if args.json and args.json != "-":  # before any work: a destination that cannot be written fails now
         args.json = claim_output(args.json, "file", overwrite=True, what="--json")

@@ -177,12 +177,13 @@ def apply_rope(x, cos, sin):
     return rotated.type_as(x)
 
 
-def reference_attention(q, k, v, causal=True, return_stages=False, dropout_p=0.0):
+def reference_attention(q, k, v, causal=True, return_stages=False, dropout_p=0.0, mask=None):
     """softmax(Q Kᵀ / √d_k + causal mask) V, written the way the formula reads.
 
     q (B, H, Tq, D); k, v (B, Hkv, Tk, D) with H a multiple of Hkv (grouped-query
     attention: query head h uses key/value head h // (H/Hkv)). With causal=True,
-    query i sits at position Tk - Tq + i and sees keys up to that position. Dividing
+    query i sits at position Tk - Tq + i and sees keys up to that position; a bool
+    mask (Tq, Tk), True where a query sees a key, replaces that rule. Dividing
     by √d_k keeps the scores' variance near 1 so softmax does not saturate
     (Vaswani et al. 2017, section 3.2.1).
     """
@@ -192,7 +193,9 @@ def reference_attention(q, k, v, causal=True, return_stages=False, dropout_p=0.0
     Tq, Tk = q.size(-2), k.size(-2)
     scores = q @ k.transpose(-2, -1)  # (B, H, Tq, Tk)
     scaled = scores / math.sqrt(q.size(-1))
-    if causal:
+    if mask is not None:
+        scaled = scaled.masked_fill(~mask, float("-inf"))
+    elif causal:
         query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]  # (Tq, 1)
         future = torch.arange(Tk, device=q.device)[None, :] > query_pos  # (Tq, Tk)
         scaled = scaled.masked_fill(future, float("-inf"))
@@ -224,6 +227,25 @@ class KVCache:
         self.k[layer][:, :, start:end] = k
         self.v[layer][:, :, start:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # (B, Hkv, end, D)
+
+    def attention_mask(self, T, device):
+        """Which keys T new tokens see, (T, length + T) bool, or None where SDPA's own
+        rules say it: is_causal aligns its mask top-left, right only when queries and
+        keys start together (an empty cache); one new token sees every cached key. A
+        chunk after cached tokens needs the mask."""
+        end = self.length + T
+        if 1 < T < end:
+            return torch.ones(T, end, dtype=torch.bool, device=device).tril(end - T)
+        return None
+
+
+def rows(table, start, T):
+    """table[start : start + T]. A compiled decoding step passes start as a 0-d tensor
+    (gptkit/compiled_decode.py), which torch.compile must not read as a Python int
+    (it would recompile for every position): then the rows are gathered by index."""
+    if isinstance(start, int):
+        return table[start : start + T]
+    return table[start + torch.arange(T, device=table.device)]
 
 
 class CausalSelfAttention(nn.Module):
@@ -261,7 +283,7 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
-            cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
+            cos, sin = rows(self.rope_cos, start, T), rows(self.rope_sin, start, T)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q, k, v
 
@@ -269,17 +291,14 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         start = cache.length if cache is not None else 0
         q, k, v = self.qkv(x, start)
+        mask = None
         if cache is not None:
-            k, v = cache.update(layer, k, v)  # (B, Hkv, start + T, D)
+            mask = cache.attention_mask(T, x.device)  # (T, keys) or None
+            k, v = cache.update(layer, k, v)  # (B, Hkv, keys, D)
         dropout_p = self.dropout if self.training else 0.0
         if self.reference:
-            y = reference_attention(q, k, v, causal=True, dropout_p=dropout_p)
+            y = reference_attention(q, k, v, causal=True, dropout_p=dropout_p, mask=mask)
         else:
-            # is_causal aligns the mask top-left, right only when queries and keys start
-            # together; one new token sees every cached key; a chunk after a cache needs a mask.
-            mask = None
-            if 1 < T < k.size(2):
-                mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril(k.size(2) - T)
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=(T > 1 and mask is None),
                 enable_gqa=self.n_kv_head != self.n_head,
@@ -393,15 +412,15 @@ class GPT(nn.Module):
 
     def _embed(self, idx, start=0):
         B, T = idx.shape
-        if start + T > self.config.block_size:
+        if isinstance(start, int) and start + T > self.config.block_size:  # a tensor start: its cache is checked
             raise ValueError(
                 f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}: crop the context"
             )
         x = self.transformer.wte(idx)  # (B, T, C)
         if self.config.pos_encoding == "learned":
-            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
+            x = x + self.transformer.wpe(start + torch.arange(T, device=idx.device))
         elif self.config.pos_encoding == "sinusoidal":
-            x = x + self.sinusoid[start : start + T]
+            x = x + rows(self.sinusoid, start, T)
         # rope acts inside attention; with none, only the causal mask hints at order
         return self.transformer.drop(x)
 

@@ -30,6 +30,15 @@ the cache from it and go on caching (`shift_context`): each token still sees
 between block_size/2 and block_size tokens, as in training, and generation
 stays fast (the quick-start model has block_size 64, its samples are 500
 tokens). `--shift_context false` gives exactly nanoGPT's tokens.
+
+`--compile` compiles the one-token step once, gpt-fast's way (a cache allocated
+for block_size positions, the position as a tensor: gptkit/compiled_decode.py);
+the prompt runs eagerly. In float32 its tokens are the eager cache's (tested). On CUDA, where a
+one-token step is mostly kernel launches, it is the main lever for few samples;
+on a CPU it does not pay: measured 2.1x the tokens/s for the quick-start model
+(1.04x for the bigger baby GPT, bound by memory bandwidth) after 12 to 45 s of
+compiling, which a default run (10 x 500 tokens, about a second) never earns back
+(BENCHMARKS.md).
 """
 
 import dataclasses
@@ -77,7 +86,11 @@ class SampleConfig:
     seed: int = setting(1337, "random seed: the same seed gives the same text")
     device: str = setting("auto", "auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps")
     dtype: str = setting("auto", "weights' dtype: auto (bfloat16 on CUDA when supported, else float32), float32, bfloat16 (2x faster one-sample decoding on most CPUs), float16")
-    compile: bool = setting(False, "torch.compile the model (slow to start; pays off only for long runs)")
+    compile: bool = setting(
+        False, "compile the one-token decoding step once (a static cache; gptkit/compiled_decode.py): the main "
+        "speed lever on CUDA for few samples; on a CPU it does not pay (2x for the quick-start model after 12-45 s "
+        "of compiling: BENCHMARKS.md)",
+    )
     use_cache: bool = setting(True, "keep past keys/values (fast); false recomputes the whole context every token")
     shift_context: bool = setting(
         True, "past block_size, keep the last half of the context and go on caching (fast); false: as nanoGPT"
@@ -103,6 +116,8 @@ class SampleConfig:
             raise ValueError(f"dtype={self.dtype!r} must be one of auto, {', '.join(DTYPES)}")
         if self.stop == "":
             raise ValueError("stop must not be empty (leave it out to generate max_new_tokens)")
+        if self.compile and not self.use_cache:
+            raise ValueError("compile=true compiles the cached one-token step: it needs use_cache=true")
         check_sampling_options(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty)
 
 
@@ -175,11 +190,6 @@ def main(argv=None):
         path = draw_attention(model, tokenizer, prompt, cfg.layer, cfg.attention)
         print(f"wrote {path}", file=sys.stderr)
         return 0
-
-    if cfg.compile:
-        # Compile each block in place: generate_stream calls the blocks, not model.forward.
-        for block in model.transformer.h:
-            block.compile()
 
     write(prompt)
     texts = generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=write)

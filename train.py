@@ -162,7 +162,9 @@ def train_step(it, model, raw_model, optimizers, scaler, batches, cfg, dist, aut
         # DDP averages the gradients across ranks in backward: only the last micro-step's needs to
         model.require_backward_grad_sync = micro == local_accum - 1
         with autocast:
-            _, loss = model(x, y)
+            # Only the loss: logits bound to a name (`_, loss = ...`) would stay in memory,
+            # (B, T, vocab_size) of them, through backward and the next micro-step's forward.
+            loss = model(x, y)[1]
         loss_sum += loss.detach().float()
         scaler.scale(loss / local_accum).backward()  # float16: scaled up so small gradients survive
     for opt in optimizers:
@@ -282,6 +284,7 @@ def run(model_cfg, cfg, dist, start_time):
     log = logger.Logger(cfg, state, settings, dist.is_main, write_files=write,
                         tokens_per_iter=cfg.batch_size * model_cfg.block_size * cfg.gradient_accumulation_steps,
                         mfu=lambda tokens_per_s: estimate_mfu(model_cfg, tokens_per_s / dist.world_size, peak_flops) if peak_flops else None)
+    model.report_fallback_to(log.compile_failed)  # compile fails at the first forward: the records say so then
     if write:
         write_text_atomic(out_dir / "config.json", json.dumps(settings, indent=2) + "\n")
     info = {"model_config": dataclasses.asdict(model_cfg), "tokenizer": meta["tokenizer"], "config": settings,

@@ -2,6 +2,7 @@
 
     python bench.py sample            # both tables below (the no-cache runs take minutes)
     python bench.py sample --quick    # a smoke test: a few dozen tokens each
+    python bench.py sample --compile  # sample.py --compile's decoding step against the eager cache
 
 Table 1: nanoGPT's baby GPT shape (6 layers, 6 heads, 384 wide, block
 256, 65-character vocabulary; random weights, since speed does not depend on
@@ -19,6 +20,11 @@ shift_context (past block_size keep half the window and go on caching).
 Table 1 adds the last with bfloat16 weights: batch-1 decoding on a CPU is bound
 by memory bandwidth (every weight is read once per token), so half the bytes
 is nearly twice the speed.
+
+--compile instead times the compiled one-token step (gptkit/compiled_decode.py)
+against the eager cache, greedy, for block_size - 2 tokens (no context shift),
+with the seconds the first compile took; eager and compiled runs alternate and
+the best of each is kept.
 """
 
 import copy
@@ -43,6 +49,7 @@ MODES = [  # (row label, use_cache, shift_context)
 
 def add_arguments(parser):
     parser.add_argument("--quick", action="store_true", help="a smoke test: a few dozen tokens per run")
+    parser.add_argument("--compile", action="store_true", help="time sample.py --compile's decoding step instead")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, ... (default cpu)")
     parser.add_argument("--out_dir", default="out-shakespeare", help="where the quick-start model is looked for")
     parser.add_argument("--seed", type=int, default=1337)
@@ -113,8 +120,7 @@ def quick_start_model(out_dir):
     there is one, else its shape from configs/shakespeare.py with random weights."""
     from gptkit import loading
     from gptkit.checkpoint import load_checkpoint
-    from gptkit.config import read_config_file
-    from model import GPT, GPTConfig
+    from model import GPT
     from gptkit.tokenizer import CharTokenizer
 
     try:
@@ -124,15 +130,22 @@ def quick_start_model(out_dir):
     if path is not None:
         model, tokenizer, summary = loading.model_from_checkpoint(load_checkpoint(path), path)
         return model, tokenizer, summary
+    chars = [chr(c) for c in range(32, 97)]  # 65 characters, Tiny Shakespeare's vocabulary size
+    model = GPT(quick_start_config(len(chars))).eval()
+    return model, CharTokenizer(chars), f"no trained model in {out_dir}: {QUICK_START_CONFIG}'s shape, random weights"
+
+
+def quick_start_config(vocab_size):
+    """The GPTConfig of configs/shakespeare.py for a vocabulary of vocab_size."""
+    from gptkit.config import read_config_file
+    from model import GPTConfig
+
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     try:
         shape = {k: v for k, v in read_config_file(QUICK_START_CONFIG).items() if k in fields}
     except UserError:
         shape = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, bias=False)
-    chars = [chr(c) for c in range(32, 97)]  # 65 characters, Tiny Shakespeare's vocabulary size
-    shape.update(vocab_size=len(chars), dropout=0.0)
-    model = GPT(GPTConfig(**shape)).eval()
-    return model, CharTokenizer(chars), f"no trained model in {out_dir}: {QUICK_START_CONFIG}'s shape, random weights"
+    return GPTConfig(**{**shape, "vocab_size": vocab_size, "dropout": 0.0})
 
 
 def quick_start_table(args, device):
@@ -166,10 +179,53 @@ def quick_start_table(args, device):
     return table
 
 
+def time_greedy(model, idx, n, decoder, device):
+    """Seconds for n greedy tokens per row of idx, the cache never shifting."""
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in generate.generate_stream(model, idx, n, temperature=0, decoder=decoder):
+        pass
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def compiled_table(args, device, repeats=3):
+    from benchmarks.report import Table
+    from gptkit.compiled_decode import CompiledDecoder
+    from model import GPT, GPTConfig
+
+    shapes = [("quick start", quick_start_config(65), 1), ("quick start", quick_start_config(65), 10),
+              ("baby GPT", GPTConfig(**BABY_GPT), 1)]
+    table = Table(
+        "sample.py --compile: the compiled one-token step vs the eager cache",
+        ["model", "batch", "new tokens", "eager tokens/s", "compiled tokens/s", "compiled vs eager", "compile s"],
+        note=f"Random weights, greedy, device {device}, {torch.get_num_threads()} thread(s); best of {repeats} "
+        "alternating runs each; compile s: the first compiled step, tracing and code generation.",
+    )
+    for name, config, batch in shapes:
+        torch.manual_seed(args.seed)
+        model = GPT(config).to(device).eval()
+        n = 8 if args.quick else config.block_size - 2
+        idx = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        torch._dynamo.reset()
+        decoder = CompiledDecoder(model, batch)
+        compile_s = time_greedy(model, idx, 1, decoder, device)
+        eager, compiled = [], []
+        for _ in range(repeats):
+            eager.append(batch * n / time_greedy(model, idx, n, None, device))
+            compiled.append(batch * n / time_greedy(model, idx, n, decoder, device))
+        table.add_row(name, batch, n, round(max(eager), 1), round(max(compiled), 1),
+                      f"{max(compiled) / max(eager):.2f}x", round(compile_s, 1))
+    torch._dynamo.reset()
+    return table
+
+
 def run(args):
     if args.one_thread:
         return one_thread_tables(args)
     device = torch.device(args.device)
+    if args.compile:
+        return [compiled_table(args, device)]
     return [baby_gpt_table(args, device), quick_start_table(args, device)]
 
 

@@ -65,7 +65,9 @@ def write_random_dataset(folder, vocab_size, n_train=2_000_000, n_val=200_000, s
     folder.mkdir(parents=True)
     rng.integers(0, vocab_size, n_train).astype(dtype).tofile(folder / "train.bin")
     rng.integers(0, vocab_size, n_val).astype(dtype).tofile(folder / "val.bin")
-    tokenizer = {"type": "gpt2"} if vocab_size == 50257 else {"type": "char", "chars": [chr(32 + i) for i in range(vocab_size)]}
+    # A character vocabulary of the same size even for GPT-2's 50,257 ids: speed does not
+    # depend on the tokenizer, and GPT-2's BPE files would need a network (or a local copy).
+    tokenizer = {"type": "char", "chars": [chr(32 + i) for i in range(vocab_size)]}
     meta = {"format_version": 1, "tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": dtype,
             "eot_id": None, "num_tokens": {"train": n_train, "val": n_val}, "sources": [],
             "split": {"rule": "random ids for benchmarking", "val_fraction": 0.1}, "fingerprint": "random"}
@@ -73,7 +75,9 @@ def write_random_dataset(folder, vocab_size, n_train=2_000_000, n_val=200_000, s
 
 
 def measure(name, shape, args, tmp):
-    """Median ms/iter, tokens/s and MFU of one train.py run; also its resolved device."""
+    """(config.json, median ms/iter, median tokens/s, last train record) of one train.py run."""
+    import torch
+
     import train
 
     data_dir, out_dir = Path(tmp) / "data", Path(tmp) / f"out-{name}"
@@ -85,6 +89,8 @@ def measure(name, shape, args, tmp):
         gradient_accumulation_steps=1, warmup_iters=0, device=args.device, dtype=args.dtype,
         compile=args.compile, progress_bar="false",
     )
+    if torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()  # each row's own peak, not the process's so far
     with contextlib.redirect_stdout(io.StringIO()):
         code = train.main([f"--{k}={v}" for k, v in settings.items()])
     assert code == 0, f"train.py exited with {code}"
@@ -94,7 +100,21 @@ def measure(name, shape, args, tmp):
     assert steps, f"--iters {args.iters} leaves no steps after --warmup {args.warmup}"
     ms = statistics.median(r["ms_per_iter"] for r in steps)
     tokens_per_s = statistics.median(r["tokens_per_s"] for r in steps)
-    return config, ms, tokens_per_s
+    return config, ms, tokens_per_s, steps[-1]
+
+
+def compile_cell(config):
+    """What really ran: "true", "false", or "failed (the error's type)" when train.py fell back to eager."""
+    if config["compile"] != "failed":
+        return config["compile"]
+    return f"failed ({config.get('compile_error', '').split(':')[0]})"
+
+
+def memory_cell(record):
+    """Peak CUDA memory of the run, allocated / reserved, in GB; n/a on a CPU."""
+    if record.get("mem_peak_gb") is None:
+        return "n/a"
+    return f"{record['mem_peak_gb']:.2f} / {record['mem_reserved_gb']:.2f}"
 
 
 def run(args):
@@ -110,10 +130,12 @@ def run(args):
         raise SystemExit(f"unknown --model {unknown}: choose from {', '.join(SHAPES)}")
     table = Table(
         "train: train.py's loop, one device",
-        ["shape", "params (M)", "block", "batch", "device", "dtype", "compile", "ms/iter", "tokens/s", "MFU"],
+        ["shape", "params (M)", "block", "batch", "device", "dtype", "compile", "ms/iter", "tokens/s", "MFU",
+         "peak mem GB (alloc / reserved)"],
         note=f"Medians over steps {args.warmup}..{args.iters - 1}; random token ids; learning_rate 0 (no checkpoint "
         "writes). MFU: 6N + 12LTd FLOPs per token against the measured fp32 matmul peak on CPU, the datasheet "
-        "bf16 peak on CUDA.",
+        "bf16 peak on CUDA. compile: what ran (failed: train.py fell back to eager). Peak memory: "
+        "torch.cuda.max_memory_allocated / max_memory_reserved over the run.",
     )
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
@@ -122,7 +144,7 @@ def run(args):
                 shape["block_size"] = args.block_size
             if args.batch_size:
                 shape["batch_size"] = args.batch_size
-            config, ms, tokens_per_s = measure(name, shape, args, tmp)
+            config, ms, tokens_per_s, last = measure(name, shape, args, tmp)
             model_cfg = GPTConfig(**{f: config[f] for f in GPTConfig.__dataclass_fields__})
             device = config["device"]
             if device.startswith("cuda"):
@@ -133,5 +155,5 @@ def run(args):
             with torch.device("meta"):  # parameter count without allocating
                 params = GPT(model_cfg).num_params() / 1e6
             table.add_row(name, params, shape["block_size"], shape["batch_size"], device, config["dtype"],
-                          config["compile"], ms, tokens_per_s, mfu)
+                          compile_cell(config), ms, tokens_per_s, mfu, memory_cell(last))
     return [table]

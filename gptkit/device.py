@@ -1,6 +1,7 @@
 """Which device and number format a command runs on: `auto` picks the best one present."""
 
 import torch
+from torch.torch_version import TorchVersion
 
 from gptkit.errors import UserError, same_on_every_rank
 
@@ -32,21 +33,59 @@ def resolve_device(name, local_rank=None):
     return device
 
 
-def training_dtype(name, device_type):
-    """'auto' trains in bfloat16 on GPUs that have it (else float16 with a GradScaler),
-    float32 elsewhere."""
+def native_bf16(device):
+    """Whether a CUDA GPU computes bfloat16 in hardware: compute capability 8.0
+    (Ampere: A100, RTX 30xx) and later, and AMD's ROCm GPUs. Older ones (V100 7.0,
+    T4 7.5, Colab's free GPU) only emulate it: torch.cuda.is_bf16_supported() says
+    True there (it counts emulation), but matmuls run several times slower and
+    SDPA falls back from flash attention to the slow kernel."""
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def training_dtype(name, device):
+    """'auto' trains in bfloat16 on GPUs that compute it natively (native_bf16), in
+    float16 with a GradScaler on older GPUs, in float32 elsewhere."""
     if name != "auto":
         return DTYPES[name]
-    if device_type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.bfloat16 if native_bf16(device) else torch.float16
     return torch.float32
 
 
 def inference_dtype(name, device):
     """The dtype the weights are cast to for generating. It needs no fp32 master copy,
     and one token at a time reads every weight once per step: half the bytes
-    (bfloat16) is up to twice the speed where memory bandwidth is the limit."""
+    (bfloat16) is up to twice the speed where memory bandwidth is the limit. 'auto'
+    keeps float32 on GPUs without native bfloat16: float16 weights of a model
+    trained in bfloat16 or float32 can overflow."""
+    device = torch.device(device)
     if name == "auto":
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        name = "bfloat16" if bf16 else "float32"
+        name = "bfloat16" if device.type == "cuda" and native_bf16(device) else "float32"
     return DTYPES[name]
+
+
+def matmul_dtype(device):
+    """The dtype for matrix products that need no float32 precision (Muon's
+    Newton-Schulz iteration): bfloat16 where the GPU computes it natively, float16
+    on older GPUs (its range suffices for values normalised to at most 1), float32
+    on CPUs and MPS (their bfloat16 matmuls are slower than float32)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if native_bf16(device) else torch.float16
+
+
+def enable_tf32():
+    """TF32 for float32 matmuls and convolutions on CUDA GPUs that have it (Ampere and
+    later): float32's range with 10 mantissa bits, several times float32's speed.
+    torch 2.9 replaced the allow_tf32 flags by fp32_precision and warns about the old
+    ones; reading a flag after the two were mixed is an error, so one API only."""
+    if TorchVersion(torch.__version__) >= "2.9":
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True

@@ -13,6 +13,7 @@ characters and cuts the text before a stop string.
 
 import torch
 
+from gptkit.compiled_decode import CompiledDecoder
 from gptkit.sampling import check_sampling_options, choose_next_token
 from model import KVCache
 
@@ -83,7 +84,7 @@ class TextStream:
 @torch.inference_mode()  # as no_grad, and no version counters: less work per small op
 def generate_stream(
     model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, min_p=None,
-    repetition_penalty=1.0, stop_tokens=None, generator=None, use_cache=True, shift_context=False,
+    repetition_penalty=1.0, stop_tokens=None, generator=None, use_cache=True, shift_context=False, decoder=None,
 ):
     """Yield the next token of every row, a (B,) LongTensor, max_new_tokens times.
 
@@ -98,6 +99,8 @@ def generate_stream(
     and all of block_size, so they differ from recomputation.
     A row that emits one of stop_tokens is finished: later steps repeat that stop
     token for it, and the generator stops once every row is finished.
+    `decoder` (gptkit.compiled_decode.CompiledDecoder, sample.py --compile) runs the
+    cached steps instead of the model, with a cache of its own making.
     Dropout stays active in train mode: call model.eval() first.
     """
     check_sampling_options(temperature, top_k, top_p, min_p, repetition_penalty)
@@ -112,15 +115,17 @@ def generate_stream(
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
     stop_value = torch.zeros(B, dtype=torch.long, device=idx.device)
     cache = None
+    cached = decoder or model.next_token_logits
+    new_cache = decoder.new_cache if decoder else lambda: KVCache(model.config.n_layer, block)
     for _ in range(max_new_tokens):
         if not use_cache:  # nanoGPT's way: the whole (cropped) context every token
             logits = model.next_token_logits(seq[:, max(0, n - block) : n])
         elif cache is not None and cache.length < block:  # one new token
-            logits = model.next_token_logits(seq[:, n - 1 : n], cache)
+            logits = cached(seq[:, n - 1 : n], cache)
         elif cache is None or shift_context:  # (re)build the cache from a prompt or a shifted window
             keep = block if cache is None else max(1, block // 2)
-            cache = KVCache(model.config.n_layer, block)
-            logits = model.next_token_logits(seq[:, max(0, n - keep) : n], cache)
+            cache = new_cache()
+            logits = cached(seq[:, max(0, n - keep) : n], cache)
         else:  # window full: it slides every token from now on, nothing can be reused
             logits = model.next_token_logits(seq[:, n - block : n])
         token = choose_next_token(
@@ -148,11 +153,12 @@ def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None):
     generator.manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)  # (B, T)
     streams = [TextStream(tokenizer, cfg.stop) for _ in range(cfg.num_samples)]
+    decoder = CompiledDecoder(model, cfg.num_samples) if cfg.compile else None
     with torch.no_grad():
         steps = generate_stream(
             model, idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
             min_p=cfg.min_p, repetition_penalty=cfg.repetition_penalty, generator=generator,
-            use_cache=cfg.use_cache, shift_context=cfg.shift_context,
+            use_cache=cfg.use_cache, shift_context=cfg.shift_context, decoder=decoder,
             stop_tokens=None if tokenizer.eot_id is None else [tokenizer.eot_id],
         )
         try:

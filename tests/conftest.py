@@ -64,6 +64,12 @@ def tiktoken_available():
     return True
 
 
+def pytest_configure(config):
+    if os.environ.get("GPTKIT_GPU_CHECK") and not torch.cuda.is_available():
+        # set by scripts/gpu_check.sh, where skipped GPU tests would read as passed
+        raise pytest.UsageError("GPTKIT_GPU_CHECK is set but torch sees no CUDA device: the GPU tests cannot run here")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

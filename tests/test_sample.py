@@ -395,3 +395,27 @@ def test_a_checkpoint_with_absurd_or_broken_fields_is_refused_before_allocating(
     torch.save(ckpt, path)
     with pytest.raises(UserError, match=message):
         sample.main(["--ckpt", str(path), "--max_new_tokens", "5"])
+
+
+def test_compile_gives_the_same_text_through_one_compiled_graph(tiny, capsys, monkeypatch):
+    """--compile: 40 tokens past block_size (16), shift_context rebuilding the cache, and
+    one graph for them all (dynamo's "eager" backend: the same guards as inductor)."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: real_compile(fn, **{**options, "backend": "eager"}))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    _, out = tiny
+    args = ("--out_dir", str(out), "--temperature", "0", "--max_new_tokens", "40", "--num_samples", "2")
+    try:
+        plain, _ = run_sample(capsys, *args)
+        compiled, _ = run_sample(capsys, *args, "--compile", "true")
+        assert compiled == plain
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    finally:
+        torch._dynamo.reset()
+
+
+def test_compile_without_the_cache_is_refused(tiny, capsys):
+    _, out = tiny
+    code, err = run_cli(capsys, "--out_dir", str(out), "--compile", "true", "--use_cache", "false")
+    assert code == 2 and "compile=true compiles the cached one-token step: it needs use_cache=true" in err

@@ -310,6 +310,45 @@ def test_compile_failure_falls_back_to_eager(monkeypatch, capsys):
     assert forward.compiled is None
 
 
+def failing_backend(graph_module, example_inputs):
+    raise RuntimeError("no C compiler")
+
+
+@pytest.mark.parametrize("backend", ["eager", failing_backend])
+def test_a_failed_compile_is_recorded_where_users_look(data_dir, tmp_path, monkeypatch, capsys, backend):
+    """A backend that raises fails at the first forward pass, after config.json was
+    written: training goes on eager, and the log, metrics.jsonl, config.json, the
+    checkpoint's settings and the benchmark's cell all say compile failed. With a
+    backend that works ("eager": dynamo without code generation, fast) they say true."""
+    import json
+
+    from benchmarks.bench_train import compile_cell
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model: real_compile(model, backend=backend))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    out = tmp_path / "out"
+    try:
+        assert train.main(tiny_args(data_dir, out, compile="true", max_iters=4, eval_interval=4)) == 0
+    finally:
+        torch._dynamo.reset()
+    config = json.loads((out / "config.json").read_text())
+    notes = read_metrics(out, "note")
+    assert len(read_metrics(out, "train")) == 4
+    if backend == "eager":
+        assert config["compile"] == "true" and "compile_error" not in config and notes == []
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # the model really went through dynamo
+        assert compile_cell(config) == "true"
+        return
+    reason = "BackendCompilerFailed: backend='failing_backend' raised:"
+    assert config["compile"] == "failed" and config["compile_error"].startswith(reason)
+    assert [n["iter"] for n in notes] == [0] and notes[0]["note"].startswith(f"compile failed: {reason}")
+    assert f"note: compile failed: {reason}" in capsys.readouterr().out
+    assert load_checkpoint(out / "ckpt.pt")["config"]["compile"] == "failed"
+    assert compile_cell(config) == "failed (BackendCompilerFailed)"
+
+
 def test_wandb_offline_writes_a_run(data_dir, tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")

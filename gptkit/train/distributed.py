@@ -8,11 +8,13 @@ with its per-step numbers, so every rank stops at the same step boundary and
 rank 0 saves one checkpoint (torchrun forwards SIGTERM to its workers and kills
 them 30 s later: docs/reliability.md).
 
-A failure on one rank must end the whole job within seconds, not at the process
-group's 30-minute timeout. So a failing rank never waits in a collective on its
-way out (no barrier in `cleanup` after an error); the other ranks' next
-collective then fails at once (gloo: "Connection closed by peer"), which they
-turn into a quiet `PeerFailed`, and torchrun ends whatever is left. Checks that
+A failure on one rank must end the whole job, not wait for the process group's
+timeout. So a failing rank never waits in a collective on its way out (no barrier
+in `cleanup` after an error). Under gloo the other ranks' next collective then
+fails at once ("Connection closed by peer"), which they turn into a quiet
+`PeerFailed`: the job ends within seconds. Under NCCL a collective does not notice
+a peer that left: the others wait until torchrun, seeing a worker fail, sends them
+SIGTERM and, since a rank blocked in a collective cannot act on it, SIGKILL 30 s later. Checks that
 can fail before training starts run through `agreed`, so a mistake every rank
 makes is reported once, by rank 0.
 """

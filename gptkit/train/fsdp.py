@@ -44,7 +44,10 @@ def check_settings(parallel, enabled, ptdtype):
     if ptdtype == torch.float16:
         # float16 needs a GradScaler whose unscale/inf checks would have to agree across
         # shards; bfloat16 has float32's range and needs none.
-        raise UserError("parallel=fsdp trains in bfloat16 or float32, not float16: use --dtype=bfloat16 (or float32)")
+        raise UserError(
+            "parallel=fsdp trains in bfloat16 or float32, not float16 (which dtype=auto picks on GPUs without "
+            "native bfloat16, compute capability below 8.0): use --dtype=float32 there, --dtype=bfloat16 on newer GPUs"
+        )
 
 
 def shard(model, compute_dtype):

@@ -4,9 +4,16 @@ Rank 0 alone logs. Every record also goes to `metrics.jsonl`, one JSON object a
 line, so any tool (eval.py plot, a notebook, jq) can read a run without a service:
 
     {"kind": "train", "iter": 100, "loss": 1.2345, "lr": 0.001, "grad_norm": 0.85,
-     "ms_per_iter": 35.2, "tokens_per_s": 12345.0, "mfu": 0.312, "train_time_s": 3.5}
+     "ms_per_iter": 35.2, "tokens_per_s": 12345.0, "mfu": 0.312, "train_time_s": 3.5,
+     "mem_peak_gb": 12.31, "mem_reserved_gb": 14.02}
     {"kind": "eval", "iter": 250, "train_loss": 1.3, "val_loss": 1.4, "val_bpb": 2.02,
      "train_bpb": 1.88, "lr": 0.001, "train_time_s": 9.1}
+    {"kind": "note", "iter": 0, "note": "compile failed: BackendCompilerFailed: ..."}
+
+mem_peak_gb and mem_reserved_gb are this rank's (rank 0's) CUDA memory so far:
+torch.cuda.max_memory_allocated (tensors) and max_memory_reserved (what the
+caching allocator holds, what nvidia-smi shows, less CUDA's own context); None
+where CUDA is not in use.
 """
 
 import json
@@ -18,6 +25,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
+
+import torch
 
 from gptkit.checkpoint import write_text_atomic
 from gptkit.errors import RunFailed, UserError, first_line
@@ -31,8 +40,17 @@ def format_duration(seconds):
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
+def cuda_peak_memory_gb():
+    """(peak allocated, peak reserved) GB of this process's CUDA memory so far, or
+    (None, None) where CUDA is not in use (a CPU run, even on a machine with a GPU)."""
+    if not torch.cuda.is_initialized():
+        return None, None
+    return torch.cuda.max_memory_allocated() / 1e9, torch.cuda.max_memory_reserved() / 1e9
+
+
 def format_train_line(rec, total_iters=None, eta_s=None):
-    """`step 100/5000 | loss 1.2345 | lr 1.0e-03 | norm 0.85 | 35.2 ms | 12,345 tok/s | mfu 31.2% | eta 2m51s`"""
+    """`step 100/5000 | loss 1.2345 | lr 1.0e-03 | norm 0.85 | 35.2 ms | 12,345 tok/s | mfu 31.2% | eta 2m51s`,
+    and on CUDA `| mem 12.31 GB (14.02 reserved)` before the eta."""
     mfu = "n/a" if rec["mfu"] is None else f"{100 * rec['mfu']:.1f}%"
     step = f"{rec['iter']}/{total_iters}" if total_iters else f"{rec['iter']}"
     line = (
@@ -40,6 +58,8 @@ def format_train_line(rec, total_iters=None, eta_s=None):
         f"norm {rec['grad_norm']:.2f} | {rec['ms_per_iter']:.1f} ms | "
         f"{rec['tokens_per_s']:,.0f} tok/s | mfu {mfu}"
     )
+    if rec.get("mem_peak_gb") is not None:
+        line += f" | mem {rec['mem_peak_gb']:.2f} GB ({rec['mem_reserved_gb']:.2f} reserved)"
     if eta_s is not None:
         line += f" | eta {format_duration(eta_s)}"
     if rec.get("skipped"):
@@ -116,6 +136,8 @@ class Logger:
 
     def __init__(self, cfg, state, run_config, enabled, write_files=True, tokens_per_iter=0, mfu=None):
         self.enabled = enabled
+        self.run_config, self.write_files = run_config, write_files
+        self.config_path = Path(cfg.out_dir) / "config.json"
         self.state, self.clock = state, Clock(state)
         self.log_interval, self.tokens_per_iter, self.mfu = cfg.log_interval, tokens_per_iter, mfu
         self.bar = None
@@ -161,12 +183,29 @@ class Logger:
             if self.seconds_per_iter is not None:
                 eta = self.seconds_per_iter * max(0, self.total_iters - rec["iter"] - 1)
             self.print(format_train_line(rec, self.total_iters, eta))
-        else:
+        elif rec["kind"] == "eval":
             self.print(format_eval_line(rec))
+        else:
+            self.print(f"note: {rec['note']}")
+            return  # text, not a metric to chart
         if self.wandb is not None:
             prefix = "train" if rec["kind"] == "train" else "eval"
             data = {f"{prefix}/{k}": v for k, v in rec.items() if k not in ("kind", "iter") and v is not None}
             self.wandb.log(data, step=rec["iter"])
+
+    def compile_failed(self, reason):
+        """torch.compile failed and the run goes on eager: say so in metrics.jsonl (a
+        note at this iteration), in the run's settings (compile "failed" and the reason:
+        config.json, written before the first forward, is written again, atomically;
+        later checkpoints carry the same settings) and in wandb's config."""
+        if not self.enabled:
+            return
+        self.run_config.update(compile="failed", compile_error=reason)
+        self.record({"kind": "note", "iter": self.state.iter_num, "note": f"compile failed: {reason}; training goes on without compile"})
+        if self.write_files:
+            write_text_atomic(self.config_path, json.dumps(self.run_config, indent=2) + "\n")
+        if self.wandb is not None:
+            self.wandb.config.update({"compile": "failed", "compile_error": reason}, allow_val_change=True)
 
     def train(self, loss, grad_norm, lr):
         """The step just taken (iteration state.iter_num, timed by the clock): a record
@@ -177,6 +216,7 @@ class Logger:
             self.record({"kind": "train", "iter": self.state.iter_num, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                          "ms_per_iter": 1000 * dt, "tokens_per_s": tokens_per_s,
                          "mfu": self.mfu(tokens_per_s) if self.mfu else None, **self._clocks(),
+                         **dict(zip(("mem_peak_gb", "mem_reserved_gb"), cuda_peak_memory_gb())),
                          **({"skipped": True} if not math.isfinite(grad_norm) else {})})
         self.advance(dt)
 

@@ -29,15 +29,24 @@ import torch
 from model import GPT, GPTConfig
 
 
-# Peak dense bf16 tensor throughput, from NVIDIA's datasheets (the "with sparsity"
-# figures are twice these). More specific names come first: matched as substrings of
-# torch.cuda.get_device_name(), e.g. "NVIDIA H100 80GB HBM3" is the SXM part.
+# Peak dense bf16 tensor throughput, from NVIDIA's datasheets (they print the "with
+# sparsity" figures, twice these). Matched as substrings of torch.cuda.get_device_name(),
+# so the more specific names come first ("L40S" before "L40" before "L4"; "NVIDIA H100
+# 80GB HBM3" is the SXM part).
 GPU_PEAK_FLOPS = {
+    "GB200": 2500e12,  # GB200 NVL72 datasheet: 5 PFLOPS bf16 a GPU with sparsity
+    "B200": 2250e12,  # HGX B200 datasheet: 4.5 PFLOPS bf16 a GPU with sparsity
+    "H200 NVL": 835e12,  # H200 datasheet, NVL column: 1,671 TFLOPS with sparsity
+    "H200": 989e12,  # H200 datasheet, SXM column: 1,979 with sparsity (H100 SXM's tensor cores)
     "H100 PCIe": 756e12,  # H100 datasheet: 1,513 TFLOPS bf16 with sparsity
     "H100 NVL": 835e12,  # H100 datasheet: 1,671 TFLOPS bf16 with sparsity
     "H100": 989e12,  # H100 SXM: 1,979 with sparsity
-    "H200": 989e12,  # H200 datasheet: same Hopper tensor cores as H100 SXM
+    "H800 PCIe": 756e12,  # H800 PCIe datasheet: 1,513 with sparsity (H100 PCIe's figures)
+    "H800": 989e12,  # H800 SXM datasheet: 1,979 with sparsity (H100 SXM's figures)
     "A100": 312e12,  # A100 datasheet: 312 TFLOPS bf16 dense
+    "L40S": 362e12,  # L40S datasheet: 362.05 TFLOPS bf16 dense, 733 with sparsity
+    "L40": 181e12,  # L40 datasheet: 181.05 TFLOPS bf16 dense, 362 with sparsity
+    "L4": 121e12,  # L4 datasheet: 242 TFLOPS bf16 with sparsity
 }
 
 

@@ -23,6 +23,8 @@ matrix: `orthogonalize_whole` gathers the matrix first (one all-gather each).
 
 import torch
 
+from gptkit.device import matmul_dtype
+
 # Coefficients of the quintic p(x) = a·x + b·x³ + c·x⁵ applied to the singular
 # values, from Keller Jordan's Muon (zeropower_via_newtonschulz5). They are
 # chosen to make the slope at 0 as large as possible (a = 3.4445), so small
@@ -41,19 +43,22 @@ def orthogonalize(G, steps=5):
 
     Returns a tensor of G's shape and dtype whose singular values lie in about
     [0.68, 1.2] (measured on random matrices; tiny singular values of nearly
-    singular G grow less). Runs in bfloat16 on CUDA as the reference does, and
-    in float32 elsewhere because bfloat16 matrix products are slow on CPUs.
+    singular G grow less). Runs in bfloat16 on GPUs that compute it natively, as
+    the reference does, in float16 on older GPUs (V100, T4), which only emulate
+    bfloat16, and in float32 on CPUs, where bfloat16 matrix products are slow
+    (gptkit.device.matmul_dtype).
     """
     assert G.ndim == 2, f"orthogonalize expects a matrix, got shape {tuple(G.shape)}"
     a, b, c = NS_COEFFICIENTS
-    X = G.to(torch.bfloat16 if G.is_cuda else torch.float32)
+    # The iteration only converges for singular values in (0, √3); dividing by
+    # the Frobenius norm (≥ the largest singular value) puts them all in (0, 1].
+    # Normalised in G's own dtype first: the norm of a large gradient can exceed
+    # float16's range (65504), the normalised entries cannot.
+    X = (G / (G.norm() + NS_EPS)).to(matmul_dtype(G.device))
     tall = G.size(0) > G.size(1)
     if tall:
         # Work on the wide orientation so X @ Xᵀ is the smaller Gram matrix.
         X = X.mT  # (cols, rows)
-    # The iteration only converges for singular values in (0, √3); dividing by
-    # the Frobenius norm (≥ the largest singular value) puts them all in (0, 1].
-    X = X / (X.norm() + NS_EPS)
     for _ in range(steps):
         A = X @ X.mT  # (r, r) with r = min(rows, cols)
         B = b * A + c * (A @ A)  # (r, r)

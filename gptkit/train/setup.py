@@ -27,7 +27,7 @@ from gptkit import faults
 from gptkit import fused
 from gptkit import scoring
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
-from gptkit.device import resolve_device, training_dtype
+from gptkit.device import enable_tf32, resolve_device, training_dtype
 from gptkit.errors import UserError, first_line
 from gptkit.interop.hf_gpt2 import HUB_NAMES, load_gpt2
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
@@ -60,11 +60,10 @@ class Device:
     @classmethod
     def choose(cls, cfg, dist):
         device = str(resolve_device(cfg.device, dist.local_rank if dist.enabled else None))
-        dtype = training_dtype(cfg.dtype, device.split(":")[0])
+        dtype = training_dtype(cfg.dtype, device)
         distributed.agreed(dist, lambda: fsdp.check_settings(cfg.parallel, dist.enabled, dtype))
-        if device.startswith("cuda"):  # TF32 for float32 matmuls and convolutions
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        if device.startswith("cuda"):
+            enable_tf32()
         use_compile = cfg.compile == "true" or (cfg.compile == "auto" and device.startswith("cuda"))
         return cls(device, dtype, use_compile)
 
@@ -257,11 +256,15 @@ def describe_vocab(tokenizer, vocab_size):
 class Forward:
     """model(x, y) through torch.compile, falling back to eager (with a warning naming
     the error) when compilation fails: a broken backend fails at the first forward
-    pass, not at torch.compile() (measured: docs/reliability.md)."""
+    pass, not at torch.compile() (measured: docs/reliability.md). That is after
+    config.json was written, so the run's records learn of it through
+    `report_fallback_to`; `error` keeps the reason."""
 
     def __init__(self, eager, use_compile):
         self.eager = eager  # the raw model, or DDP around it
         self.compiled = None
+        self.error = None
+        self.on_fallback = None
         if use_compile:
             try:
                 self.compiled = torch.compile(eager)
@@ -269,8 +272,17 @@ class Forward:
                 self._fall_back(e)
 
     def _fall_back(self, e):
-        print(f"warning: torch.compile failed ({type(e).__name__}: {first_line(e)}); continuing without compile", file=sys.stderr)
+        self.error = f"{type(e).__name__}: {first_line(e)}"
+        print(f"warning: torch.compile failed ({self.error}); continuing without compile", file=sys.stderr)
         self.compiled = None
+        if self.on_fallback is not None:
+            self.on_fallback(self.error)
+
+    def report_fallback_to(self, record):
+        """Call record(reason) when compilation fails (at once if it already has)."""
+        self.on_fallback = record
+        if self.error is not None:
+            record(self.error)
 
     def __call__(self, x, y):
         if self.compiled is not None:

@@ -20,9 +20,18 @@ def test_flops_and_mfu():
 
 def test_peak_flops_matches_device_names(monkeypatch):
     for name, expected in [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
-                           ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA H200", 989e12), ("Tesla T4", None)]:
+                           ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12),
+                           ("NVIDIA H800", 989e12), ("NVIDIA H800 PCIe", 756e12), ("NVIDIA B200", 2250e12),
+                           ("NVIDIA L4", 121e12), ("NVIDIA L40S", 362e12), ("NVIDIA L40", 181e12), ("Tesla T4", None)]:
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, n=name: n)
         assert peak_flops_for_device("cuda") == expected, name
+
+
+def test_a_name_inside_another_comes_after_it():
+    """Names are matched as substrings in order: "L4" first would take every L40S."""
+    keys = list(GPU_PEAK_FLOPS)
+    for i, short in enumerate(keys):
+        assert not any(short in longer for longer in keys[i + 1:]), short
 
 
 def test_measured_cpu_peak_is_a_plausible_rate():

@@ -1,0 +1,84 @@
+"""gptkit/device.py on CPU, with a GPU's compute capability patched in: dtype=auto
+picks bfloat16 only where the GPU computes it natively (8.0 and later), float16
+with a GradScaler on older GPUs (V100, T4); Muon's Newton-Schulz follows; TF32 is
+set through one API."""
+
+import pytest
+import torch
+
+import train
+from gptkit import device as gdevice
+from gptkit.train import distributed, muon, setup
+from train_helpers import tiny_args
+
+
+@pytest.fixture
+def gpu_with_capability(monkeypatch):
+    """A pretend CUDA GPU of the given compute capability (no ROCm)."""
+
+    def pretend(major, minor):
+        monkeypatch.setattr(torch.version, "hip", None)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
+        # Emulated bfloat16 counts as "supported" there: dtype=auto must not ask it.
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+
+    return pretend
+
+
+@pytest.mark.parametrize("capability, training, inference, matmul", [
+    ((7, 0), torch.float16, torch.float32, torch.float16),  # V100
+    ((7, 5), torch.float16, torch.float32, torch.float16),  # T4 (Colab)
+    ((8, 0), torch.bfloat16, torch.bfloat16, torch.bfloat16),  # A100
+    ((9, 0), torch.bfloat16, torch.bfloat16, torch.bfloat16),  # H100
+])
+def test_auto_dtype_follows_native_bfloat16(gpu_with_capability, capability, training, inference, matmul):
+    gpu_with_capability(*capability)
+    assert gdevice.training_dtype("auto", "cuda:0") == training
+    assert gdevice.inference_dtype("auto", torch.device("cuda")) == inference
+    assert gdevice.matmul_dtype("cuda") == matmul
+    assert gdevice.training_dtype("bfloat16", "cuda") == torch.bfloat16  # an explicit choice stands
+
+
+def test_cpu_stays_float32():
+    assert gdevice.training_dtype("auto", "cpu") == torch.float32
+    assert gdevice.inference_dtype("auto", torch.device("cpu")) == torch.float32
+    assert gdevice.matmul_dtype("cpu") == torch.float32
+
+
+def test_device_choose_on_a_t4_trains_in_float16_with_a_scaler_and_tf32(gpu_with_capability, monkeypatch, tmp_path):
+    gpu_with_capability(7, 5)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "fp32_precision", torch.backends.cuda.matmul.fp32_precision)
+    monkeypatch.setattr(torch.backends.cudnn.conv, "fp32_precision", torch.backends.cudnn.conv.fp32_precision)
+    from gptkit.config import parse_settings
+
+    _, cfg = parse_settings(tiny_args(tmp_path, tmp_path / "out", device="auto", dtype="auto", compile="auto"),
+                            [train.GPTConfig, train.TrainConfig])
+    dev = setup.Device.choose(cfg, distributed.Dist())
+    assert (dev.name, dev.dtype, dev.compile) == ("cuda", torch.float16, True)
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"  # the new API on torch >= 2.9, no legacy flag
+    assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+
+
+def test_fsdp_on_an_old_gpu_names_float32(gpu_with_capability, tmp_path):
+    gpu_with_capability(7, 0)
+    from gptkit.errors import UserError
+    from gptkit.train import fsdp
+
+    with pytest.raises(UserError, match="compute capability below 8.0.*--dtype=float32"):
+        fsdp.check_settings("fsdp", True, gdevice.training_dtype("auto", "cuda"))
+
+
+def test_newton_schulz_in_float16_survives_a_gradient_whose_norm_overflows_float16(monkeypatch):
+    """On a V100 the iteration runs in float16, whose largest value is 65504: the
+    gradient is normalised before the cast, or its norm would be inf (and the update NaN)."""
+    monkeypatch.setattr(muon, "matmul_dtype", lambda device: torch.float16)
+    torch.manual_seed(0)
+    G = 1000 * torch.randn(256, 128)  # Frobenius norm ~1.8e5
+    assert G.norm() > torch.finfo(torch.float16).max
+    X = muon.orthogonalize(G)
+    assert X.dtype == torch.float32 and torch.isfinite(X).all()
+    s = torch.linalg.svdvals(X)
+    assert 0.6 < s.min() and s.max() < 1.3
+    monkeypatch.setattr(muon, "matmul_dtype", lambda device: torch.float32)
+    assert torch.allclose(X, muon.orthogonalize(G), atol=2e-2)  # the float32 iteration, to float16's precision
