@@ -3,12 +3,18 @@
     python convert.py out-shakespeare-gpt2 hf-shakespeare --to hf     # a Hugging Face folder
     python convert.py out-mine/ckpt.pt hf-mine --to hf
     python convert.py out-gpt2-xl ckpt-xl.pt --to pt                 # an FSDP run's shards -> one file
+    python convert.py out-shakespeare-llama shakespeare.gguf --to gguf [--outtype f32|f16|q8_0]
 
 --to hf writes config.json, model.safetensors and the tokenizer's files, so that
 transformers' AutoModelForCausalLM and AutoTokenizer.from_pretrained(DEST) give our
 logits and our token ids. GPT-2-shaped models become GPT2LMHeadModel, LLaMA-shaped
 ones (RoPE, RMSNorm, SwiGLU, no biases) LlamaForCausalLM; any other architecture is
 an error naming the settings that do not map (gptkit/interop/export.py).
+
+--to gguf writes one GGUF file, model and tokenizer, that llama.cpp, Ollama and LM
+Studio run: GPT-2-shaped models as llama.cpp's gpt2, LLaMA-shaped ones as llama (qwen3
+with QK-norm); other architectures are an error naming the settings that do not map
+(gptkit/interop/gguf_export.py; docs/gguf.md shows how to run the file).
 
 --to pt turns the sharded checkpoint of an FSDP run (OUT_DIR/ckpt/) into one
 ckpt.pt file, which any run resumes and sample.py reads (gptkit/train/sharded.py).
@@ -20,6 +26,7 @@ from gptkit.errors import UserError, run_main
 
 FORMATS = {
     "hf": "a Hugging Face folder: model, config and tokenizer (transformers loads it)",
+    "gguf": "one GGUF file for llama.cpp, Ollama and LM Studio (see --outtype)",
     "pt": "one ckpt.pt file from an FSDP run's sharded checkpoint (OUT_DIR or OUT_DIR/ckpt)",
 }
 
@@ -34,10 +41,14 @@ def build_parser():
         prog="convert.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("source", metavar="OUT_DIR_OR_CKPT", help="a run folder (best.pt, else ckpt.pt) or a checkpoint file")
-    parser.add_argument("dest", metavar="DEST", help="--to hf: the folder to write (new or empty); --to pt: the file")
+    parser.add_argument("dest", metavar="DEST", help="--to hf: the folder to write (new or empty); --to pt, gguf: the new file")
     parser.add_argument(
         "--to", required=True, choices=sorted(FORMATS),
         help="; ".join(f"{name}: {what}" for name, what in FORMATS.items()),
+    )
+    parser.add_argument(
+        "--outtype", default="f16", choices=("f32", "f16", "q8_0"),
+        help="--to gguf: the weights' type (f16 is half the size of f32, q8_0 about a quarter)",
     )
     parser.add_argument("--data_dir", default="data", help="where a nanoGPT checkpoint's meta.pkl is looked for")
     return parser
@@ -49,6 +60,10 @@ def main(argv=None):
         from gptkit.interop.export import export_hf  # imported here so --help stays quick
 
         print(export_hf(args.source, args.dest, data_dir=args.data_dir))
+    elif args.to == "gguf":
+        from gptkit.interop.gguf_export import export_gguf
+
+        print(export_gguf(args.source, args.dest, outtype=args.outtype, data_dir=args.data_dir))
     elif args.to == "pt":
         from pathlib import Path
 
