@@ -187,13 +187,17 @@ def add_hyperparameters(writer, config, architecture, name):
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def encode_tensor(tensor, outtype):
-    """(numpy data, gguf type) for one tensor: 1-D ones (norms, biases) stay f32, as in
-    llama.cpp's converter; q8_0 needs rows that are a multiple of 32 values, others go f16."""
+ALWAYS_F32 = ("position_embd.weight",)  # llama.cpp reads it in f32 only (its converter's rule)
+
+
+def encode_tensor(name, tensor, outtype):
+    """(numpy data, gguf type) for one tensor: 1-D ones (norms, biases) and the position
+    table stay f32, as llama.cpp's converter writes them; q8_0 needs rows that are a
+    multiple of 32 values, other matrices go f16."""
     import gguf
 
     data = tensor.detach().float().cpu().contiguous().numpy()
-    if outtype == "f32" or data.ndim == 1:
+    if outtype == "f32" or data.ndim == 1 or name in ALWAYS_F32:
         return data, gguf.GGMLQuantizationType.F32
     if outtype == "q8_0" and data.shape[-1] % Q8_BLOCK == 0:
         q = gguf.GGMLQuantizationType.Q8_0
@@ -214,7 +218,7 @@ def write_gguf(path, architecture, config, vocab, tensors, outtype, name):
         writer.add_file_type(FILE_TYPES[outtype])
         add_vocab(writer, vocab)
         for tensor_name, tensor in tensors.items():
-            data, qtype = encode_tensor(tensor, outtype)
+            data, qtype = encode_tensor(tensor_name, tensor, outtype)
             writer.add_tensor(tensor_name, data, raw_dtype=qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()

@@ -228,6 +228,21 @@ def test_architectures_llama_cpp_cannot_run_are_refused_by_name_and_nothing_is_w
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
 
 
+def test_which_shipped_configs_export():
+    from gptkit.config import parse_settings
+    from gptkit.interop.gguf_export import gguf_architecture
+    from train import TrainConfig
+
+    def architecture(name):
+        model_config, _ = parse_settings([str(REPO / "configs" / name)], [GPTConfig, TrainConfig], prog="train.py")
+        return gguf_architecture(model_config)
+
+    assert architecture("shakespeare_llama.py") == "llama"  # the CPU-minutes model docs/gguf.md trains
+    assert architecture("gpt2.py") == architecture("shakespeare_char.py") == "gpt2"
+    with pytest.raises(UserError, match="mlp='relu2'.*logit_softcap=15.0"):
+        architecture("shakespeare.py")  # the quick start: ReLU² and soft-capped logits
+
+
 def run_convert(*argv, preamble=""):
     code = textwrap.dedent(preamble) + f"\nimport sys, convert\nfrom gptkit.errors import run_main\nsys.argv = ['convert.py', *{list(argv)!r}]\nrun_main(convert.main)\n"
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
@@ -272,8 +287,23 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path):
 
 
 def llama_cpp_model(path, n_ctx=64):
-    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True,
-                           n_threads=1, verbose=False, seed=0)
+    """llama.cpp's model with repacking off (llama-cli's --no-repack): on this project's CI
+    machine (a Xeon with AMX, virtualized), llama.cpp's repacked CPU kernels crash on a
+    q8_0 prompt of more than one token, for files quantized by llama.cpp itself too.
+    Repacking is a speed-up: the same quantized weights in another layout, other kernels."""
+    defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+    def without_repacking():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    llama_cpp.llama_cpp.llama_model_default_params = without_repacking  # read once, by Llama()
+    try:
+        return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True,
+                               n_threads=1, verbose=False, seed=0)
+    finally:
+        llama_cpp.llama_cpp.llama_model_default_params = defaults
 
 
 def llama_cpp_logits(path, ids):
@@ -305,10 +335,10 @@ def test_llama_cpp_gives_our_logits_at_every_position(tmp_path, shape):
     model = perturbed_model(SHAPES[shape])
     ids = CharTokenizer(CHARS).encode(TEXT_60)
     assert len(ids) == 60
-    for outtype, tolerance in (("f32", 1e-2), ("f16", 5e-2)):
+    for outtype in ("f32", "f16"):
         path = export(tmp_path, model, CharTokenizer(CHARS).to_dict(), outtype)
         worst, same_top = compare(model, path, ids)
-        assert worst <= tolerance and same_top == 1.0, (outtype, worst, same_top)
+        assert worst <= 1e-2 and same_top == 1.0, (outtype, worst, same_top)
 
 
 TEXTS = [
