@@ -35,7 +35,7 @@ import torch
 
 from gptkit.checkpoint import temp_path_for
 from gptkit.errors import RunFailed, UserError
-from gptkit.interop.gguf_vocab import add_vocab, char_vocab_warning, gguf_vocab
+from gptkit.interop.gguf_vocab import add_vocab, gguf_vocab
 from gptkit.lock import fsync_dir
 
 OUTTYPES = ("f32", "f16", "q8_0")
@@ -243,7 +243,7 @@ def check_destination(dest):
 
 def export_gguf(source, dest, outtype="f16", data_dir="data"):
     """Write the model in `source` (a run folder or checkpoint) and its tokenizer as the
-    GGUF file `dest`; returns what to print (a summary, and a note where llama.cpp differs)."""
+    GGUF file `dest`; returns a summary to print."""
     from gptkit.interop.export import load_source
 
     if outtype not in OUTTYPES:
@@ -277,7 +277,5 @@ def export_gguf(source, dest, outtype="f16", data_dir="data"):
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(dest.parent)
-    lines = [summary, f"wrote {dest}: llama.cpp architecture {architecture}, {outtype}, "
-                      f"{vocab.kind} tokenizer ({dest.stat().st_size / 1e6:.2f} MB)"]
-    note = char_vocab_warning(vocab)
-    return "\n".join(lines + ([note] if note else []))
+    return (f"{summary}\nwrote {dest}: llama.cpp architecture {architecture}, {outtype}, "
+            f"{vocab.kind} tokenizer as llama.cpp's {vocab.model} ({dest.stat().st_size / 1e6:.2f} MB)")

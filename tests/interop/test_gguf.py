@@ -97,10 +97,7 @@ def test_gpt2_shaped_model_is_written_as_gpt2_with_zero_biases_and_an_untied_hea
     assert fields["general.architecture"] == "gpt2"
     assert fields["gpt2.context_length"] == 64 and fields["gpt2.block_count"] == 2
     assert fields["gpt2.attention.head_count"] == 4 and fields["gpt2.feed_forward_length"] == 128
-    assert fields["tokenizer.ggml.model"] == "gpt2" and fields["tokenizer.ggml.pre"] == "gpt-2"
-    symbols = byte_symbols()
-    assert fields["tokenizer.ggml.tokens"] == [symbols[ord(ch)] for ch in CHARS]
-    assert fields["tokenizer.ggml.merges"] == ["ÿ ÿ"]  # one byte each: only a merge no UTF-8 text has
+    assert fields["tokenizer.ggml.model"] == "rwkv" and fields["tokenizer.ggml.tokens"] == CHARS
     assert fields["tokenizer.ggml.add_bos_token"] is False
     assert "tokenizer.ggml.eos_token_id" not in fields  # a character vocabulary has none
     sd = model.state_dict()
@@ -187,18 +184,13 @@ def test_q8_0_quantizes_matrices_whose_rows_fit_its_blocks(tmp_path):
     assert 0 < error.max() < np.abs(ours).max() / 127  # 8 bits per block of 32
 
 
-def test_multibyte_characters_are_rebuilt_by_merges_of_their_own_bytes(tmp_path):
-    fields, _ = read(export(tmp_path, perturbed_model(small(vocab_size=len(WIDE_CHARS))),
-                            CharTokenizer(WIDE_CHARS).to_dict()))
-    symbols = byte_symbols()
-    spelled = {ch: "".join(symbols[b] for b in ch.encode()) for ch in WIDE_CHARS}
-    assert fields["tokenizer.ggml.tokens"] == [spelled[ch] for ch in WIDE_CHARS]
-    merges = fields["tokenizer.ggml.merges"]
-    for ch in "é日🙂":
-        raw = ch.encode()
-        chain = [" ".join(("".join(symbols[b] for b in raw[:k]), symbols[raw[k]])) for k in range(1, len(raw))]
-        assert all(m in merges for m in chain)
-    assert len(merges) == len(set(merges))
+def test_character_vocabularies_are_stored_whole_with_rwkv_escapes_and_unmatchable_padding(tmp_path):
+    chars = WIDE_CHARS + ["\\"]
+    model = perturbed_model(small(vocab_size=len(chars) + 3))
+    fields, _ = read(export(tmp_path, model, CharTokenizer(chars).to_dict()))
+    assert fields["tokenizer.ggml.tokens"] == WIDE_CHARS + ["\\\\"] + [f"\\xff[PAD{i}]" for i in range(3)]
+    assert fields["tokenizer.ggml.token_type"] == [1] * len(chars) + [5] * 3
+    assert "tokenizer.ggml.merges" not in fields and "tokenizer.ggml.pre" not in fields
 
 
 def test_bpe_vocabularies_carry_merges_and_end_of_text(tmp_path, tiktoken_available):
@@ -207,6 +199,9 @@ def test_bpe_vocabularies_carry_merges_and_end_of_text(tmp_path, tiktoken_availa
     tok = train_bpe(iter(["the cat sat on the mat; the rat ate the hat. " * 20]), 270)
     model = perturbed_model(small(vocab_size=290))  # 20 rows past the tokenizer's
     fields, _ = read(export(tmp_path, model, tok.to_dict()))
+    assert fields["tokenizer.ggml.model"] == "gpt2" and fields["tokenizer.ggml.pre"] == "gpt-2"
+    symbols = byte_symbols()
+    assert fields["tokenizer.ggml.tokens"][:269] == ["".join(symbols[b] for b in t) for t in tok.token_bytes]
     assert len(fields["tokenizer.ggml.tokens"]) == 290 and fields["tokenizer.ggml.tokens"][269] == "<|endoftext|>"
     assert fields["tokenizer.ggml.eos_token_id"] == 269 and len(fields["tokenizer.ggml.merges"]) == 269 - 256
     assert fields["tokenizer.ggml.token_type"][269] == 3 and fields["tokenizer.ggml.token_type"][270:] == [5] * 20
@@ -255,20 +250,28 @@ def assert_one_line_error(result, code, *words):
     assert all(w in lines[0] for w in words), lines[0]
 
 
-def test_bad_sources_and_destinations_are_one_line_and_leave_nothing(tmp_path):
+def test_bad_sources_and_destinations_are_named_and_leave_nothing(tmp_path):
     run = write_run(tmp_path / "run", GPT(llama_shape()), CharTokenizer(CHARS).to_dict())
     torch.save({"weights": torch.ones(3)}, tmp_path / "other.pt")
     (tmp_path / "taken.gguf").write_text("mine")
     before = sorted(p.name for p in tmp_path.iterdir())
-    assert_one_line_error(run_convert(str(tmp_path / "other.pt"), str(tmp_path / "a.gguf"), "--to", "gguf"), 2, "not a checkpoint")
-    assert_one_line_error(run_convert(str(run), str(tmp_path / "taken.gguf"), "--to", "gguf"), 2, "already exists")
-    assert_one_line_error(run_convert(str(run), str(tmp_path), "--to", "gguf"), 2, "is a folder")
-    assert_one_line_error(run_convert(str(run), str(tmp_path / "no" / "a.gguf"), "--to", "gguf"), 2, "does not exist")
-    # Root writes anywhere chmod allows nothing, but not into /proc: a folder no one can write to.
-    assert_one_line_error(run_convert(str(run), "/proc/model.gguf", "--to", "gguf"), 2, "cannot create a file in /proc")
-    assert_one_line_error(run_convert(str(run), str(tmp_path / "a.gguf"), "--to", "gguf", "--outtype", "q4"), 2, "--outtype")
+    cases = [
+        (tmp_path / "other.pt", tmp_path / "a.gguf", "not a checkpoint of this project"),
+        (run, tmp_path / "taken.gguf", "already exists"),
+        (run, tmp_path, "is a folder"),
+        (run, tmp_path / "no" / "a.gguf", "does not exist"),
+        # root writes wherever chmod forbids it, but not into /proc: a folder that takes no files
+        (run, "/proc/model.gguf", "cannot create a file in /proc"),
+    ]
+    for source, dest, message in cases:
+        with pytest.raises(UserError, match=message):
+            convert.main([str(source), str(dest), "--to", "gguf"])
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert (tmp_path / "taken.gguf").read_text() == "mine"
+    result = run_convert(str(tmp_path / "other.pt"), str(tmp_path / "a.gguf"), "--to", "gguf")
+    assert_one_line_error(result, 2, "not a checkpoint of this project")
+    assert_one_line_error(run_convert(str(run), "a.gguf", "--to", "gguf", "--outtype", "q4"), 2, "--outtype")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path):
@@ -369,7 +372,7 @@ def test_llama_cpp_tokenizes_character_vocabularies_as_we_do(tmp_path, shakespea
     shakespeare = shakespeare_path.read_text()[:20_000]
     for name, chars, texts in (
         ("ascii", sorted(set(shakespeare)), [shakespeare, TEXTS[0], TEXTS[1]]),
-        ("wide", WIDE_CHARS, ["Before “we” speak — é, ü, 日本 🙂!\n", "日日🙂é"]),
+        ("wide", WIDE_CHARS + ["\\"], ["Before “we” speak — é, ü, 日本 🙂!\n", "日日🙂é \\n\\\\"]),
     ):
         tok = CharTokenizer(chars)
         llm = llama_cpp_model(export(tmp_path, GPT(small(vocab_size=len(chars))), tok.to_dict(), name=name))
@@ -378,6 +381,7 @@ def test_llama_cpp_tokenizes_character_vocabularies_as_we_do(tmp_path, shakespea
             ids = llm.tokenize(text.encode(), add_bos=False, special=False)
             assert ids == tok.encode(text), (name, text[:40])
             assert llm.detokenize(ids).decode() == text
+        assert llm.token_eos() == -1  # no end of text: generation never stops at a character
 
 
 def train_briefly(model, ids, steps):
