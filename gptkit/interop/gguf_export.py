@@ -90,6 +90,18 @@ def rotary_to_neighbour_pairs(w, n_heads):
     return w.reshape(n_heads, 2, D // 2, C).transpose(1, 2).reshape(rows, C)  # (H, D/2, 2, C) flattened
 
 
+LLAMA_CPP_MIN_CONTEXT = 256  # llama-context.cpp rounds every context up to a multiple of 256
+
+
+def gpt2_positions(config):
+    """Rows of gpt2's position table. llama.cpp runs at least 256 positions whatever the
+    model's context, and reading a row past the table aborts it (a GGML_ASSERT in
+    get_rows, measured), so the table is rounded up to a multiple of 256 rows: learned
+    rows past block_size are zeros (no position signal: the model never trained
+    there), sinusoidal and absent positions continue their formula."""
+    return -(-config.block_size // LLAMA_CPP_MIN_CONTEXT) * LLAMA_CPP_MIN_CONTEXT
+
+
 def gpt2_tensors(model, sd):
     """llama.cpp's gpt2 names -> fp32 tensors; absent biases become zeros (gpt2 needs them all)."""
     c = model.config
@@ -98,14 +110,15 @@ def gpt2_tensors(model, sd):
     def bias(key, size):
         return sd[key] if key in sd else torch.zeros(size)
 
-    if c.pos_encoding == "learned":
-        positions = sd["transformer.wpe.weight"]
+    rows = gpt2_positions(c)
+    if c.pos_encoding == "learned":  # rows past block_size: zeros (see gpt2_positions)
+        positions = torch.cat([sd["transformer.wpe.weight"], torch.zeros(rows - c.block_size, c.n_embd)])
     elif c.pos_encoding == "sinusoidal":
-        from model import sinusoidal_table  # the same table the model adds
+        from model import sinusoidal_table  # the same table the model adds, continued
 
-        positions = sinusoidal_table(c.block_size, c.n_embd)
+        positions = sinusoidal_table(rows, c.n_embd)
     else:  # no positions: a table of zeros adds nothing
-        positions = torch.zeros(c.block_size, c.n_embd)
+        positions = torch.zeros(rows, c.n_embd)
     out = {"token_embd.weight": sd["transformer.wte.weight"][:V], "position_embd.weight": positions}
     for i in range(c.n_layer):
         p, q = f"transformer.h.{i}.", f"blk.{i}."
@@ -169,7 +182,7 @@ def add_hyperparameters(writer, config, architecture, name):
 
     c = config
     writer.add_name(name)
-    writer.add_context_length(c.block_size)
+    writer.add_context_length(gpt2_positions(c) if architecture == "gpt2" else c.block_size)
     writer.add_embedding_length(c.n_embd)
     writer.add_block_count(c.n_layer)
     writer.add_feed_forward_length(c.hidden_size)
@@ -277,5 +290,13 @@ def export_gguf(source, dest, outtype="f16", data_dir="data"):
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(dest.parent)
-    return (f"{summary}\nwrote {dest}: llama.cpp architecture {architecture}, {outtype}, "
-            f"{vocab.kind} tokenizer as llama.cpp's {vocab.model} ({dest.stat().st_size / 1e6:.2f} MB)")
+    lines = [summary, f"wrote {dest}: llama.cpp architecture {architecture}, {outtype}, "
+                      f"{vocab.kind} tokenizer as llama.cpp's {vocab.model} ({dest.stat().st_size / 1e6:.2f} MB)"]
+    c = model.config
+    if c.block_size % LLAMA_CPP_MIN_CONTEXT:
+        lines.append(
+            f"note: llama.cpp runs at least {gpt2_positions(c)} positions and this model was trained on "
+            f"{c.block_size}: past {c.block_size} tokens of prompt and output its text departs from sample.py's, "
+            f"which slides a {c.block_size}-token window"
+        )
+    return "\n".join(lines)

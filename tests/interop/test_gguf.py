@@ -95,7 +95,7 @@ def test_gpt2_shaped_model_is_written_as_gpt2_with_zero_biases_and_an_untied_hea
     model = perturbed_model(small(bias=False, tie_embeddings=False, pad_vocab_multiple=16))
     fields, tensors = read(export(tmp_path, model, CharTokenizer(CHARS).to_dict()))
     assert fields["general.architecture"] == "gpt2"
-    assert fields["gpt2.context_length"] == 64 and fields["gpt2.block_count"] == 2
+    assert fields["gpt2.block_count"] == 2
     assert fields["gpt2.attention.head_count"] == 4 and fields["gpt2.feed_forward_length"] == 128
     assert fields["tokenizer.ggml.model"] == "rwkv" and fields["tokenizer.ggml.tokens"] == CHARS
     assert fields["tokenizer.ggml.add_bos_token"] is False
@@ -109,12 +109,19 @@ def test_gpt2_shaped_model_is_written_as_gpt2_with_zero_biases_and_an_untied_hea
     assert values(tensors["blk.0.ffn_up.bias"]).shape == (128,)
 
 
-def test_sinusoidal_and_absent_positions_become_a_fixed_position_table(tmp_path):
+def test_position_tables_cover_llama_cpps_smallest_context(tmp_path):
     from model import sinusoidal_table
 
-    for pos, expected in (("sinusoidal", sinusoidal_table(64, 32)), ("none", torch.zeros(64, 32))):
-        _, tensors = read(export(tmp_path, perturbed_model(small(pos_encoding=pos)), CharTokenizer(CHARS).to_dict(), name=pos))
+    learned = perturbed_model(small())
+    wpe = learned.state_dict()["transformer.wpe.weight"]
+    for pos, model, expected in (
+        ("learned", learned, torch.cat([wpe, torch.zeros(256 - 64, 32)])),  # never trained past 64: zeros
+        ("sinusoidal", perturbed_model(small(pos_encoding="sinusoidal")), sinusoidal_table(256, 32)),
+        ("none", perturbed_model(small(pos_encoding="none")), torch.zeros(256, 32)),
+    ):
+        fields, tensors = read(export(tmp_path, model, CharTokenizer(CHARS).to_dict(), name=pos))
         assert np.array_equal(values(tensors["position_embd.weight"]), expected.numpy())
+        assert fields["gpt2.context_length"] == 256
         assert "output.weight" not in tensors  # tied: llama.cpp reads token_embd
 
 
@@ -342,6 +349,14 @@ def test_llama_cpp_gives_our_logits_at_every_position(tmp_path, shape):
         path = export(tmp_path, model, CharTokenizer(CHARS).to_dict(), outtype)
         worst, same_top = compare(model, path, ids)
         assert worst <= 1e-2 and same_top == 1.0, (outtype, worst, same_top)
+
+
+@needs_llama_cpp
+def test_llama_cpp_generates_past_the_models_context_without_aborting(tmp_path):
+    for name, config in (("gpt2", small(block_size=16)), ("llama", llama_shape(block_size=16))):
+        llm = llama_cpp_model(export(tmp_path, perturbed_model(config), CharTokenizer(CHARS).to_dict(), name=name), 256)
+        out = llm.create_completion("First", max_tokens=100, temperature=0.8, seed=1)
+        assert out["usage"]["completion_tokens"] == 100  # no end-of-text token stopped it either
 
 
 TEXTS = [
