@@ -419,11 +419,14 @@ def train_briefly(model, ids, steps):
 
 @needs_llama_cpp
 @pytest.mark.slow
-def test_q8_0_keeps_the_top_token_of_a_trained_model(tmp_path, shakespeare_path):
+def test_a_trained_model_keeps_its_logits_and_q8_0_its_top_token(tmp_path, shakespeare_path):
     text = shakespeare_path.read_text()[:100_000]
     tok = CharTokenizer(sorted(set(text)))
     model, loss = train_briefly(GPT(llama_shape(vocab_size=tok.vocab_size, n_embd=64)), tok.encode(text), 300)
     assert loss < 2.4, loss  # it learned something: the top token means something
     ids = tok.encode(text[-60:])
+    for outtype in ("f32", "f16"):  # trained weights are larger than random ones: a harder test
+        worst, same_top = compare(model, export(tmp_path, model, tok.to_dict(), outtype), ids)
+        assert worst <= 1e-2 and same_top == 1.0, (outtype, worst, same_top)
     worst, same_top = compare(model, export(tmp_path, model, tok.to_dict(), "q8_0"), ids)
     assert same_top >= 0.9, (worst, same_top)
