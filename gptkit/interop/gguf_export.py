@@ -8,7 +8,8 @@ The llama.cpp architecture is chosen from the model's settings, and only where
 llama.cpp computes what our model does:
 
     gpt2   LayerNorm, GELU (tanh form), pre-norm; learned positions, or sinusoidal or
-           none written as a fixed position table; biases (zeros when bias=False);
+           none written as a fixed position table (at least 256 rows, llama.cpp's
+           smallest context: gpt2_positions); biases (zeros when bias=False);
            tied or untied head; any number of key/value heads
     llama  RoPE, RMSNorm, SwiGLU, pre-norm, no biases; any number of key/value heads
     qwen3  llama's shape with QK-norm (RMSNorm of each head's q and k before RoPE)
@@ -200,7 +201,7 @@ def add_hyperparameters(writer, config, architecture, name):
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-ALWAYS_F32 = ("position_embd.weight",)  # llama.cpp reads it in f32 only (its converter's rule)
+ALWAYS_F32 = ("position_embd.weight",)  # llama.cpp's converter always writes it in f32
 
 
 def encode_tensor(name, tensor, outtype):

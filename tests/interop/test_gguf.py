@@ -16,7 +16,7 @@ from gptkit.checkpoint import FORMAT_VERSION, save_checkpoint
 from gptkit.errors import UserError
 from gptkit.interop.gguf_export import rotary_to_neighbour_pairs
 from gptkit.interop.hf_tokenizer import byte_symbols
-from gptkit.tokenizer import BPETokenizer, CharTokenizer, GPT2Tokenizer
+from gptkit.tokenizer import CharTokenizer, GPT2Tokenizer
 from model import GPT, GPTConfig, apply_rope, rope_angles
 from repo import REPO
 
