@@ -16,12 +16,12 @@ with the same GPT-2 pattern as ours.
 
 Why not a byte-level BPE without merges for a character vocabulary: llama.cpp gives
 a "gpt2" vocabulary that names no end-of-text token the id 11 as its end of text,
-and stops generating there (';' in Tiny Shakespeare's 65 characters, measured with
-llama-cpp-python). Its "rwkv" vocabulary has no default special tokens, and it
-matches tokens as byte strings, so characters of several UTF-8 bytes (é, —, 日, 🙂)
-come out whole too: no text is refused. A token is stored with llama.cpp's rwkv
-escapes, of which only the backslash needs one here (llama-vocab.cpp,
-llama_unescape_rwkv_token).
+and stops generating there (';' in Tiny Shakespeare's 65 characters: llama-cpp-python
+reports id 11 as an end-of-generation token). Its "rwkv" vocabulary has no default
+special tokens, and it matches tokens as byte strings, so characters of several
+UTF-8 bytes (é, —, 日, 🙂) come out whole too: no character vocabulary is refused.
+A token is stored with llama.cpp's rwkv escapes, of which only the backslash needs
+one here (llama-vocab.cpp, llama_unescape_rwkv_token).
 """
 
 from dataclasses import dataclass, field
