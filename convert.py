@@ -47,8 +47,8 @@ def build_parser():
         help="; ".join(f"{name}: {what}" for name, what in FORMATS.items()),
     )
     parser.add_argument(
-        "--outtype", default="f16", choices=("f32", "f16", "q8_0"),
-        help="--to gguf: the weights' type (f16 is half the size of f32, q8_0 about a quarter)",
+        "--outtype", default=None, choices=("f32", "f16", "q8_0"),
+        help="--to gguf: the weights' type, default f16 (half the size of f32; q8_0 about a quarter)",
     )
     parser.add_argument("--data_dir", default="data", help="where a nanoGPT checkpoint's meta.pkl is looked for")
     return parser
@@ -56,6 +56,8 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.outtype and args.to != "gguf":
+        raise UserError(f"--outtype applies to --to gguf only, not --to {args.to}")
     if args.to == "hf":
         from gptkit.interop.export import export_hf  # imported here so --help stays quick
 
@@ -63,7 +65,7 @@ def main(argv=None):
     elif args.to == "gguf":
         from gptkit.interop.gguf_export import export_gguf
 
-        print(export_gguf(args.source, args.dest, outtype=args.outtype, data_dir=args.data_dir))
+        print(export_gguf(args.source, args.dest, outtype=args.outtype or "f16", data_dir=args.data_dir))
     elif args.to == "pt":
         from pathlib import Path
 

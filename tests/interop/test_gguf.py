@@ -278,6 +278,8 @@ def test_bad_sources_and_destinations_are_named_and_leave_nothing(tmp_path):
     result = run_convert(str(tmp_path / "other.pt"), str(tmp_path / "a.gguf"), "--to", "gguf")
     assert_one_line_error(result, 2, "not a checkpoint of this project")
     assert_one_line_error(run_convert(str(run), "a.gguf", "--to", "gguf", "--outtype", "q4"), 2, "--outtype")
+    with pytest.raises(UserError, match="--outtype applies to --to gguf only"):
+        convert.main([str(run), str(tmp_path / "hf"), "--to", "hf", "--outtype", "f32"])
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
