@@ -1,0 +1,292 @@
+"""A checkpoint out as one GGUF file, the format llama.cpp (and Ollama, LM Studio) run.
+
+    python convert.py out-shakespeare-llama shakespeare.gguf --to gguf
+    python convert.py out-shakespeare-llama shakespeare-q8.gguf --to gguf --outtype q8_0
+    llama-cli -m shakespeare.gguf -p "ROMEO:" -n 200        # docs/gguf.md
+
+The llama.cpp architecture is chosen from the model's settings, and only where
+llama.cpp computes what our model does:
+
+    gpt2   LayerNorm, GELU (tanh form), pre-norm; learned positions, or sinusoidal or
+           none written as a fixed position table (at least 256 rows, llama.cpp's
+           smallest context: gpt2_positions); biases (zeros when bias=False);
+           tied or untied head; any number of key/value heads
+    llama  RoPE, RMSNorm, SwiGLU, pre-norm, no biases; any number of key/value heads
+    qwen3  llama's shape with QK-norm (RMSNorm of each head's q and k before RoPE)
+
+Everything else (ReLU², soft-capped logits, post-norm, exact GELU, RoPE with
+LayerNorm, ...) is refused with one line naming the settings, before anything is
+written: llama.cpp would run those weights as a different function.
+
+llama.cpp's `llama` rotates neighbouring pairs (x[2i], x[2i+1]) of each head; we rotate
+(x[i], x[i + D/2]) (model.apply_rope). Rotating both q and k on a permuted basis leaves
+q·k unchanged, so the rows of q and k are reordered so that our pair i lands on
+llama.cpp's pair i, as llama.cpp's own converter does for Hugging Face's layout.
+`qwen3` rotates the halves like we do: nothing to reorder.
+
+The file is written under a temporary name in DEST's folder, fsynced and renamed:
+an error, a full disk or Ctrl-C never leaves a file that looks complete.
+"""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gptkit.checkpoint import temp_path_for
+from gptkit.errors import RunFailed, UserError
+from gptkit.interop.gguf_vocab import add_vocab, gguf_vocab
+from gptkit.lock import fsync_dir
+from gptkit.paths import claim_output
+
+OUTTYPES = ("f32", "f16", "q8_0")
+Q8_BLOCK = 32  # q8_0 quantizes blocks of 32 values along a row; other rows stay f16
+
+# llama.cpp architecture -> the GPTConfig values it computes (a tuple: any of these).
+ARCHITECTURES = {
+    "gpt2": {
+        "pos_encoding": ("learned", "sinusoidal", "none"), "norm": ("layernorm",), "norm_placement": ("pre",),
+        "mlp": ("gelu",), "qk_norm": (False,), "logit_softcap": (None,),
+    },
+    "llama": {
+        "pos_encoding": ("rope",), "norm": ("rmsnorm",), "norm_placement": ("pre",), "mlp": ("swiglu",),
+        "bias": (False,), "qk_norm": (False,), "logit_softcap": (None,),
+    },
+    "qwen3": {
+        "pos_encoding": ("rope",), "norm": ("rmsnorm",), "norm_placement": ("pre",), "mlp": ("swiglu",),
+        "bias": (False,), "qk_norm": (True,), "logit_softcap": (None,),
+    },
+}
+
+
+def mismatches(config, architecture):
+    """['setting=value (arch needs ...)'] for what `architecture` cannot compute."""
+    return [
+        f"{name}={getattr(config, name)!r} ({architecture} needs {' or '.join(map(repr, allowed))})"
+        for name, allowed in ARCHITECTURES[architecture].items()
+        if getattr(config, name) not in allowed
+    ]
+
+
+def gguf_architecture(config):
+    """'gpt2', 'llama' or 'qwen3': the llama.cpp architecture that computes what `config` does."""
+    for architecture in ARCHITECTURES:
+        if not mismatches(config, architecture):
+            return architecture
+    rope_family = min(("llama", "qwen3"), key=lambda a: len(mismatches(config, a)))
+    raise UserError(
+        "this model maps onto no llama.cpp architecture, nothing was written: as gpt2 it has "
+        + ", ".join(mismatches(config, "gpt2")) + f"; as {rope_family} it has "
+        + ", ".join(mismatches(config, rope_family))
+        + ". Models that export: GPT-2's architecture (configs/gpt2.py) or LLaMA's "
+        "(configs/shakespeare_llama.py trains one on a CPU in minutes), optionally with qk_norm=True"
+    )
+
+
+def rotary_to_neighbour_pairs(w, n_heads):
+    """Reorder the rows of a q or k projection (n_heads*D, C) so that each head's pair
+    (i, i + D/2) becomes the neighbours (2i, 2i + 1) llama.cpp's `llama` rotates."""
+    rows, C = w.shape
+    D = rows // n_heads
+    return w.reshape(n_heads, 2, D // 2, C).transpose(1, 2).reshape(rows, C)  # (H, D/2, 2, C) flattened
+
+
+LLAMA_CPP_MIN_CONTEXT = 256  # llama-context.cpp rounds every context up to a multiple of 256
+
+
+def gpt2_positions(config):
+    """Rows of gpt2's position table. llama.cpp runs at least 256 positions whatever the
+    model's context, and reading a row past the table aborts it (a GGML_ASSERT in
+    get_rows, measured), so the table is rounded up to a multiple of 256 rows: learned
+    rows past block_size are zeros (no position signal: the model never trained
+    there), sinusoidal and absent positions continue their formula."""
+    return -(-config.block_size // LLAMA_CPP_MIN_CONTEXT) * LLAMA_CPP_MIN_CONTEXT
+
+
+def gpt2_tensors(model, sd):
+    """llama.cpp's gpt2 names -> fp32 tensors; absent biases become zeros (gpt2 needs them all)."""
+    c = model.config
+    V = c.vocab_size
+
+    def bias(key, size):
+        return sd[key] if key in sd else torch.zeros(size)
+
+    rows = gpt2_positions(c)
+    if c.pos_encoding == "learned":  # rows past block_size: zeros (see gpt2_positions)
+        positions = torch.cat([sd["transformer.wpe.weight"], torch.zeros(rows - c.block_size, c.n_embd)])
+    elif c.pos_encoding == "sinusoidal":
+        from model import sinusoidal_table  # the same table the model adds, continued
+
+        positions = sinusoidal_table(rows, c.n_embd)
+    else:  # no positions: a table of zeros adds nothing
+        positions = torch.zeros(rows, c.n_embd)
+    out = {"token_embd.weight": sd["transformer.wte.weight"][:V], "position_embd.weight": positions}
+    for i in range(c.n_layer):
+        p, q = f"transformer.h.{i}.", f"blk.{i}."
+        qkv = sd[p + "attn.c_attn.weight"]
+        out.update({
+            q + "attn_norm.weight": sd[p + "ln_1.weight"],
+            q + "attn_norm.bias": bias(p + "ln_1.bias", c.n_embd),
+            q + "attn_qkv.weight": qkv,  # [q | k | v], head by head: the split llama.cpp makes
+            q + "attn_qkv.bias": bias(p + "attn.c_attn.bias", qkv.shape[0]),
+            q + "attn_output.weight": sd[p + "attn.c_proj.weight"],
+            q + "attn_output.bias": bias(p + "attn.c_proj.bias", c.n_embd),
+            q + "ffn_norm.weight": sd[p + "ln_2.weight"],
+            q + "ffn_norm.bias": bias(p + "ln_2.bias", c.n_embd),
+            q + "ffn_up.weight": sd[p + "mlp.c_fc.weight"],
+            q + "ffn_up.bias": bias(p + "mlp.c_fc.bias", c.hidden_size),
+            q + "ffn_down.weight": sd[p + "mlp.c_proj.weight"],
+            q + "ffn_down.bias": bias(p + "mlp.c_proj.bias", c.n_embd),
+        })
+    out["output_norm.weight"] = sd["transformer.ln_f.weight"]
+    out["output_norm.bias"] = bias("transformer.ln_f.bias", c.n_embd)
+    if not c.tie_embeddings:  # tied: llama.cpp reads token_embd for the output
+        out["output.weight"] = sd["lm_head.weight"][:V]
+    return out
+
+
+def llama_tensors(model, sd, architecture):
+    """llama.cpp's llama/qwen3 names -> fp32 tensors, q and k reordered for `llama`'s RoPE."""
+    c = model.config
+    H, Hkv, D, V = c.n_head, c.kv_heads, c.head_dim, c.vocab_size
+    out = {"token_embd.weight": sd["transformer.wte.weight"][:V]}
+    for i in range(c.n_layer):
+        p, q = f"transformer.h.{i}.", f"blk.{i}."
+        q_w, k_w, v_w = sd[p + "attn.c_attn.weight"].split([H * D, Hkv * D, Hkv * D], dim=0)  # (out, C) each
+        if architecture == "llama":
+            q_w, k_w = rotary_to_neighbour_pairs(q_w, H), rotary_to_neighbour_pairs(k_w, Hkv)
+        gate, up = sd[p + "mlp.c_fc.weight"].chunk(2, dim=0)  # (hidden, C) each
+        out.update({
+            q + "attn_norm.weight": sd[p + "ln_1.weight"],
+            q + "attn_q.weight": q_w,
+            q + "attn_k.weight": k_w,
+            q + "attn_v.weight": v_w,
+            q + "attn_output.weight": sd[p + "attn.c_proj.weight"],
+            q + "ffn_norm.weight": sd[p + "ln_2.weight"],
+            q + "ffn_gate.weight": gate,
+            q + "ffn_up.weight": up,
+            q + "ffn_down.weight": sd[p + "mlp.c_proj.weight"],
+        })
+        if c.qk_norm:
+            out[q + "attn_q_norm.weight"] = sd[p + "attn.q_norm.weight"]
+            out[q + "attn_k_norm.weight"] = sd[p + "attn.k_norm.weight"]
+    out["output_norm.weight"] = sd["transformer.ln_f.weight"]
+    if not c.tie_embeddings:
+        out["output.weight"] = sd["lm_head.weight"][:V]
+    return out
+
+
+def add_hyperparameters(writer, config, architecture, name):
+    import gguf
+
+    from model import NORM_EPS
+
+    c = config
+    writer.add_name(name)
+    writer.add_context_length(gpt2_positions(c) if architecture == "gpt2" else c.block_size)
+    writer.add_embedding_length(c.n_embd)
+    writer.add_block_count(c.n_layer)
+    writer.add_feed_forward_length(c.hidden_size)
+    writer.add_head_count(c.n_head)
+    writer.add_head_count_kv(c.kv_heads)
+    if architecture == "gpt2":
+        writer.add_layer_norm_eps(NORM_EPS)
+    else:
+        writer.add_layer_norm_rms_eps(NORM_EPS)  # qwen3 uses it for the q and k norms too, as we do
+        writer.add_rope_dimension_count(c.head_dim)
+        writer.add_rope_freq_base(c.rope_theta)
+        writer.add_key_length(c.head_dim)
+        writer.add_value_length(c.head_dim)
+    writer.add_vocab_size(c.vocab_size)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+ALWAYS_F32 = ("position_embd.weight",)  # llama.cpp's converter always writes it in f32
+
+
+def encode_tensor(name, tensor, outtype):
+    """(numpy data, gguf type) for one tensor: 1-D ones (norms, biases) and the position
+    table stay f32, as llama.cpp's converter writes them; q8_0 needs rows that are a
+    multiple of 32 values, other matrices go f16."""
+    import gguf
+
+    data = tensor.detach().float().cpu().contiguous().numpy()
+    if outtype == "f32" or data.ndim == 1 or name in ALWAYS_F32:
+        return data, gguf.GGMLQuantizationType.F32
+    if outtype == "q8_0" and data.shape[-1] % Q8_BLOCK == 0:
+        q = gguf.GGMLQuantizationType.Q8_0
+        return gguf.quants.quantize(data, q), q
+    return data.astype(np.float16), gguf.GGMLQuantizationType.F16
+
+
+FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7}  # gguf.LlamaFileType: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0
+
+
+def write_gguf(path, architecture, config, vocab, tensors, outtype, name):
+    """Write the GGUF file at `path` (overwritten): metadata, vocabulary, tensors."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, architecture)
+    try:
+        add_hyperparameters(writer, config, architecture, name)
+        writer.add_file_type(FILE_TYPES[outtype])
+        add_vocab(writer, vocab)
+        for tensor_name, tensor in tensors.items():
+            data, qtype = encode_tensor(tensor_name, tensor, outtype)
+            writer.add_tensor(tensor_name, data, raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.flush()
+        os.fsync(writer.fout[0].fileno())  # the one output file; GGUFWriter has no fsync of its own
+    finally:
+        writer.close()
+
+
+def export_gguf(source, dest, outtype="f16", data_dir="data"):
+    """Write the model in `source` (a run folder or checkpoint) and its tokenizer as the
+    GGUF file `dest`; returns a summary to print."""
+    from gptkit.interop.export import load_source
+
+    if outtype not in OUTTYPES:
+        raise UserError(f"--outtype {outtype} is not one of {', '.join(OUTTYPES)}")
+    dest = claim_output(dest, "file", what="DEST")  # a new file, in a folder that takes one
+    try:
+        import gguf  # noqa: F401  (a requirement; checked before the model is loaded)
+    except ImportError:
+        raise UserError("writing GGUF needs the gguf package: pip install -r requirements.txt")
+    tmp = temp_path_for(dest)
+    try:
+        tmp.open("wb").close()  # fails now, before any heavy work, where DEST's folder takes no files
+    except OSError as e:
+        raise UserError(f"cannot create a file in {dest.parent}: {e.strerror} (choose a folder you can write to)")
+    try:
+        model, tokenizer, summary = load_source(source, data_dir)
+        architecture = gguf_architecture(model.config)  # before anything is written
+        vocab = gguf_vocab(tokenizer.to_dict(), model.config.vocab_size)
+        sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+        if architecture == "gpt2":
+            tensors = gpt2_tensors(model, sd)
+        else:
+            tensors = llama_tensors(model, sd, architecture)
+        name = Path(source).resolve().parent.name if Path(source).is_file() else Path(source).resolve().name
+        write_gguf(tmp, architecture, model.config, vocab, tensors, outtype, name)
+        os.replace(tmp, dest)
+    except OSError as e:  # a full disk or a file size limit: the machine's state, not the user's input
+        tmp.unlink(missing_ok=True)
+        raise RunFailed(f"could not write {dest}: {e.strerror or e} (is the disk full?); no partial file was left")
+    except BaseException:  # a UserError, Ctrl-C: no file that looks complete is left either
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(dest.parent)
+    lines = [summary, f"wrote {dest}: llama.cpp architecture {architecture}, {outtype}, "
+                      f"{vocab.kind} tokenizer as llama.cpp's {vocab.model} ({dest.stat().st_size / 1e6:.2f} MB)"]
+    c = model.config
+    if c.block_size % LLAMA_CPP_MIN_CONTEXT:
+        lines.append(
+            f"note: llama.cpp runs at least {gpt2_positions(c)} positions and this model was trained on "
+            f"{c.block_size}: past {c.block_size} tokens of prompt and output its text departs from sample.py's, "
+            f"which slides a {c.block_size}-token window"
+        )
+    return "\n".join(lines)
