@@ -162,9 +162,9 @@ class TrainConfig:
         problems = []
         if self.lora_rank < 0:
             problems.append(f"lora_rank={self.lora_rank} must not be negative (0 = no LoRA)")
-        if self.lora_alpha is None:
+        if self.lora_alpha is None and self.lora_rank > 0:
             self.lora_alpha = float(self.lora_rank)  # scale 1
-        elif not math.isfinite(self.lora_alpha) or self.lora_alpha <= 0:
+        elif self.lora_alpha is not None and (not math.isfinite(self.lora_alpha) or self.lora_alpha <= 0):
             problems.append(f"lora_alpha={self.lora_alpha} must be a positive number (or none: the rank)")
         if not 0 <= self.lora_dropout < 1:
             problems.append(f"lora_dropout={self.lora_dropout} must be in [0, 1)")
