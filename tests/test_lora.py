@@ -2,7 +2,6 @@
 sample, evaluate and export. Bases are made offline: a tiny random transformers
 GPT-2 saved to a folder, or a tiny checkpoint of ours."""
 
-import dataclasses
 import subprocess
 import sys
 
@@ -13,13 +12,13 @@ from repo import REPO
 
 import train
 from gptkit import lora
-from gptkit.checkpoint import load_checkpoint, save_checkpoint
+from gptkit.checkpoint import load_checkpoint
 from gptkit.errors import UserError, run_main
 from gptkit.interop.hf_gpt2 import load_gpt2
 from gptkit.loading import load_model
 from gptkit.train import optim
 from model import GPT, GPTConfig
-from train_helpers import losses_by_iter, read_metrics, subprocess_env, tiny_args, write_char_dataset
+from train_helpers import losses_by_iter, read_metrics, subprocess_env, tiny_args, write_base_checkpoint, write_char_dataset
 
 transformers = pytest.importorskip("transformers")  # test-only dependencies
 peft = pytest.importorskip("peft")
@@ -237,18 +236,6 @@ def test_sampling_is_refused_in_one_line_when_the_base_changed_or_is_gone(hf_run
     gone = sample()
     assert gone.returncode == 2 and len(gone.stderr.strip().splitlines()) == 1, gone.stderr
     assert "cannot be loaded" in gone.stderr and expected[:23] in gone.stderr and "found none" in gone.stderr
-
-
-def write_base_checkpoint(path, data_dir):
-    """A tiny char-level checkpoint of ours, the base of a LoRA run (init_from=FILE)."""
-    import json
-
-    meta = json.loads((data_dir / "tiny" / "meta.json").read_text())
-    torch.manual_seed(0)
-    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=meta["vocab_size"])
-    save_checkpoint({"format_version": 1, "model": GPT(config).state_dict(), "model_config": dataclasses.asdict(config),
-                     "tokenizer": meta["tokenizer"]}, path)
-    return path
 
 
 @pytest.fixture
