@@ -289,3 +289,15 @@ def test_a_second_run_on_a_live_lora_out_dir_is_refused(char_base, tmp_path):
             train.main(tiny_args(data, out, init_from=base, **LORA))
     finally:
         lock.release()
+
+
+def test_a_checkpoint_file_as_init_from_fine_tunes_every_weight_from_it(char_base, tmp_path):
+    data, base = char_base
+    out = tmp_path / "out"
+    assert train.main(tiny_args(data, out, init_from=base, learning_rate=0.0, max_iters=2, eval_interval=2)) == 0
+    start, ckpt = load_checkpoint(base)["model"], load_checkpoint(out / "ckpt.pt")
+    assert "lora" not in ckpt and set(ckpt["model"]) == set(start)
+    assert all(torch.equal(ckpt["model"][k], v) for k, v in start.items())  # learning rate 0: the base unchanged
+    write_char_dataset(tmp_path / "other", text="just a few other letters " * 2000)
+    with pytest.raises(UserError, match="vocabulary mismatch: .*base.pt was trained with a char"):
+        train.main(tiny_args(tmp_path / "other", tmp_path / "x", init_from=base))

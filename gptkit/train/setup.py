@@ -215,10 +215,11 @@ def init_model(model_cfg, cfg, meta, out_dir):
         if bad:
             raise UserError(f"{bad[0]} holds NaN or inf: this checkpoint cannot be resumed; start again or use another")
         if ckpt.get("lora") is not None:  # adapters only: the base comes from where the run recorded it
-            if (cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets) != (ckpt["lora"]["rank"], ckpt["lora"]["alpha"], ",".join(ckpt["lora"]["targets"])):
-                print("note: resuming keeps the checkpoint's LoRA rank, alpha and targets")
             model = adapted_model(ckpt["lora"], ckpt["model"], f"{out_dir}/ckpt.pt", saved.block_size,
                                   dropout=model_cfg.dropout, lora_dropout=cfg.lora_dropout)
+            spec = model.lora_spec
+            if (cfg.lora_rank, cfg.lora_alpha, lora.parse_targets(cfg.lora_targets)) != (spec["rank"], spec["alpha"], tuple(spec["targets"])):
+                print("note: resuming keeps the checkpoint's LoRA rank, alpha and targets")
             return model, model.config, ckpt
         model = GPT(model_cfg)
         if "model" in ckpt:  # a sharded checkpoint's weights load after sharding (train.py)
