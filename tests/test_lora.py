@@ -265,14 +265,15 @@ def test_sigterm_then_resume_equals_uninterrupted(char_base, tmp_path, monkeypat
     assert len(cut["optimizer"][0]["state"]) == len(cut["model"]) == 8  # adapters only
 
 
-def test_a_non_finite_loss_stops_the_lora_run_with_its_last_checkpoint_finite(char_base, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("fault, what", [("nan_loss_at", "loss is nan"), ("inf_grad_at", "gradient norm is inf")])
+def test_a_non_finite_step_stops_the_lora_run_with_its_last_checkpoint_finite(char_base, tmp_path, monkeypatch, capsys, fault, what):
     data, base = char_base
-    monkeypatch.setenv("GPT_FAULTS", "nan_loss_at=7")
+    monkeypatch.setenv("GPT_FAULTS", f"{fault}=7")  # inf_grad_at: an adapter's gradient (the first trainable parameter)
     with pytest.raises(SystemExit) as info:
         run_main(train.main, tiny_args(data, tmp_path / "out", init_from=base, max_iters=20, eval_interval=5, **LORA))
     assert info.value.code == 1
     err = capsys.readouterr().err
-    assert "loss is nan at iteration 7" in err and "(iteration 5)" in err
+    assert f"{what} at iteration 7" in err and "(iteration 5)" in err
     ckpt = load_checkpoint(tmp_path / "out" / "ckpt.pt")
     assert ckpt["iter_num"] == 5 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
 
