@@ -198,6 +198,11 @@ def test_lora_run_learns_saves_adapters_only_and_exports_the_merged_model(hf_run
     with torch.no_grad():
         torch.testing.assert_close(merged(idx)[0], expected, atol=1e-5, rtol=0)
 
+    from gptkit.evaluation import load_candidate  # eval.py's loading
+
+    with torch.no_grad():
+        torch.testing.assert_close(load_candidate(str(out)).model(idx)[0], expected, atol=1e-5, rtol=0)
+
     from gptkit.interop.export import export_hf
 
     export_hf(out, tmp_path / "hf-out")
