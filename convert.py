@@ -17,6 +17,7 @@ ckpt.pt file, which any run resumes and sample.py reads (gptkit/train/sharded.py
 import argparse
 
 from gptkit.errors import UserError, run_main
+from gptkit.paths import claim_output
 
 FORMATS = {
     "hf": "a Hugging Face folder: model, config and tokenizer (transformers loads it)",
@@ -34,7 +35,12 @@ def build_parser():
         prog="convert.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("source", metavar="OUT_DIR_OR_CKPT", help="a run folder (best.pt, else ckpt.pt) or a checkpoint file")
-    parser.add_argument("dest", metavar="DEST", help="--to hf: the folder to write (new or empty); --to pt: the file")
+    parser.add_argument(
+        "dest", metavar="DEST",
+        help="--to hf: the folder to write (new or empty); --to pt: a new file. Checked before anything is "
+        "loaded: an existing file, a folder where a file is meant, a device, a read-only folder or a name "
+        "over 255 bytes is refused",
+    )
     parser.add_argument(
         "--to", required=True, choices=sorted(FORMATS),
         help="; ".join(f"{name}: {what}" for name, what in FORMATS.items()),
@@ -45,18 +51,16 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    # Before anything is loaded: a destination that cannot be written fails in one line.
+    dest = claim_output(args.dest, "folder" if args.to == "hf" else "file", what="DEST")
     if args.to == "hf":
         from gptkit.interop.export import export_hf  # imported here so --help stays quick
 
-        print(export_hf(args.source, args.dest, data_dir=args.data_dir))
+        print(export_hf(args.source, dest, data_dir=args.data_dir))
     elif args.to == "pt":
-        from pathlib import Path
-
         from gptkit.train.sharded import sharded_to_single
 
-        if Path(args.dest).exists():
-            raise UserError(f"{args.dest} exists: give a new file name (nothing is overwritten)")
-        print(f"wrote {sharded_to_single(args.source, args.dest)}")
+        print(f"wrote {sharded_to_single(args.source, dest)}")
     return 0
 
 

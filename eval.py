@@ -5,6 +5,7 @@
     python eval.py --init_from gpt2 --input held_out.txt --stride 512
     python eval.py out-shakespeare --init_from gpt2 --hellaswag download --json results.json
     python eval.py plot out-a out-b --out runs.png                  # loss curves from metrics.jsonl
+    zcat web.txt.gz | python eval.py out-a --input - --max_tokens 100000   # a stream, read only that far
 
 Every token of the text but each document's first is scored exactly once, by
 sliding windows of the model's block_size moved `--stride` tokens at a time (the
@@ -30,6 +31,7 @@ import torch
 from gptkit import evaluation, hellaswag
 from gptkit.device import DTYPES, resolve_device, training_dtype
 from gptkit.errors import run_main
+from gptkit.paths import claim_output
 
 
 def parse_args(argv):
@@ -41,14 +43,16 @@ def parse_args(argv):
     parser.add_argument("--init_from", action="append", default=[], metavar="NAME_OR_FOLDER",
                         help="also score OpenAI's GPT-2: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a Hugging Face folder (repeatable)")
     text = parser.add_mutually_exclusive_group()
-    text.add_argument("--input", nargs="+", metavar="PATH", help="text file, folder of .txt files, or .jsonl (a \"text\" per line)")
+    text.add_argument("--input", nargs="+", metavar="PATH",
+                      help="text file, folder of .txt files, .jsonl (a \"text\" per line), a pipe, or - (standard input)")
     text.add_argument("--dataset", help="a dataset prepared by prepare.py (under --data_dir): score a whole split")
     parser.add_argument("--split", choices=("val", "train"), default="val", help="with --dataset (default: %(default)s)")
     parser.add_argument("--data_dir", default="data", help="folder holding the dataset folders (default: %(default)s)")
     parser.add_argument("--hellaswag", metavar="FILE", help=f"{hellaswag.FILE_NAME}, or 'download' to fetch it once")
     parser.add_argument("--stride", type=int, help="tokens the window moves each step (default: each model's block_size)")
     parser.add_argument("--batch_size", type=int, default=8, help="windows per forward pass (default: %(default)s)")
-    parser.add_argument("--max_tokens", type=int, help="score only the first N tokens of the text or split")
+    parser.add_argument("--max_tokens", type=int,
+                        help="score only the first N tokens of the text or split (the text is read only that far)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPES),
                         help="auto: bfloat16 on GPUs that have it, float32 on CPUs (default: %(default)s)")
@@ -77,7 +81,9 @@ def plot_main(argv):
         prog="eval.py plot", description="Plot train/val loss and learning rate of training runs (needs matplotlib)."
     )
     parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run folders to compare")
-    parser.add_argument("--out", default=None, help="PNG to write (default: loss.png in the first OUT_DIR)")
+    parser.add_argument("--out", default=None,
+                        help="PNG to write (default: loss.png in the first OUT_DIR), replaced if it exists; "
+                        "a folder, a device or a folder you cannot write to is refused before plotting")
     parser.add_argument(
         "--metric", default="auto", choices=("auto", "loss", "bpb"),
         help="loss (nats/token), bpb (bits per byte: compares tokenizers) or auto (bpb when every run has it)",
@@ -96,8 +102,10 @@ def main(argv=None):
     device = resolve_device(args.device)
     settings = evaluation.Settings(device, training_dtype(args.dtype, device.type), args.batch_size, args.stride,
                                    args.max_tokens, progress=not args.no_progress)
-    # Read the inputs before loading any model: a bad file fails fast.
-    texts = evaluation.read_texts(args.input) if args.input else None
+    if args.json and args.json != "-":  # before any work: a destination that cannot be written fails now
+        args.json = claim_output(args.json, "file", overwrite=True, what="--json")
+    # Check the inputs before loading any model: a bad file fails fast.
+    texts = evaluation.InputText(args.input) if args.input else None
     split = (args.data_dir, args.dataset, args.split) if args.dataset else None
     items = hellaswag.read_items(hellaswag.resolve_file(args.hellaswag)) if args.hellaswag else None
     source = " ".join(args.input) if args.input else f"{args.dataset}/{args.split}" if args.dataset else None

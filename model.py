@@ -7,13 +7,19 @@ read in exactly one place:
     pos_encoding   learned | sinusoidal | rope | none     (GPT._embed; rope in CausalSelfAttention.qkv)
     norm           layernorm | rmsnorm                     (make_norm)
     norm_placement pre | post                              (Block.forward)
-    mlp            gelu | gelu_exact | relu2 | swiglu      (MLP.forward)
+    mlp            gelu | gelu_exact | relu2 | swiglu      (MLP.__init__)
     attention      sdpa | reference                        (CausalSelfAttention.forward)
 
 One forward pass, for token ids idx of shape (B, T):
     x = wte[idx] (+ position information)          # (B, T, C)
     for each block: x = x + attn(norm(x)); x = x + mlp(norm(x))
     logits = lm_head(norm(x))                      # (B, T, vocab_size)
+
+Generating text: `GPT.generate` is nanoGPT's loop (crop, forward, sample), with no
+cache. A KVCache keeps the keys and values of past tokens so that
+`next_token_logits(new_tokens, cache)` runs the model on the new tokens only;
+gptkit/generate.py builds sample.py's generation on it (cache policies past
+block_size, top_p, min_p, repetition penalty, stop tokens).
 
     python -c "import torch, model; m = model.GPT(model.GPTConfig(n_layer=2, n_head=2, n_embd=64)); print(m(torch.zeros(1, 8, dtype=torch.long))[0].shape)"
     python lab.py params configs/gpt2.py    # where the 124M parameters are
@@ -26,9 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptkit import fused
 from gptkit.config import setting
-from gptkit.sampling import check_sampling_options, choose_next_token
 
 CHOICES = {
     "pos_encoding": ("learned", "sinusoidal", "rope", "none"),
@@ -63,7 +67,7 @@ class GPTConfig:
     logit_softcap: float | None = setting(None, "squash logits to (-cap, cap) with cap*tanh(logits/cap); none = off")
     pad_vocab_multiple: int = setting(1, "pad the embedding table to a multiple of this (64 is faster on GPUs)")
     zero_init_proj: bool = setting(False, "start every output projection c_proj at zero (modded-nanogpt)")
-    attention: str = setting("sdpa", "sdpa (fused kernels) or reference (the formula written out, slow)")
+    attention: str = setting("sdpa", "sdpa (PyTorch's flash/memory-efficient kernels) or reference (the formula written out, slow)")
 
     def __post_init__(self):
         problems = []
@@ -135,10 +139,7 @@ class RMSNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x):
-        if fused.use_fused(x):  # the same formula with a cheaper backward on CPUs (gptkit/fused.py)
-            y = fused.rms_norm(x, self.weight, NORM_EPS)
-        else:
-            y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)
+        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)
         return y if self.bias is None else y + self.bias
 
 
@@ -287,27 +288,38 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
 
+class ReLU2(nn.Module):
+    """relu(h)², the squared ReLU of Primer (So et al. 2021)."""
+
+    def forward(self, h):
+        return F.relu(h).square()
+
+
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         hidden = config.hidden_size
-        fc_width = 2 * hidden if config.mlp == "swiglu" else hidden  # swiglu: [gate | up] fused
-        self.kind = config.mlp
+        self.gated = config.mlp == "swiglu"
+        fc_width = 2 * hidden if self.gated else hidden  # swiglu: [gate | up] in one matrix
         self.c_fc = nn.Linear(config.n_embd, fc_width, bias=config.bias)
+        if config.mlp == "gelu":  # GPT-2 uses GELU's tanh approximation ("gelu_new")
+            self.act = nn.GELU(approximate="tanh")
+        elif config.mlp == "gelu_exact":  # the erf form, as nanoGPT's nn.GELU(): its checkpoints load exactly
+            self.act = nn.GELU()
+        elif config.mlp == "relu2":
+            self.act = ReLU2()
+        else:  # SwiGLU (Shazeer 2020): silu(gate) * up
+            self.act = nn.SiLU()
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
         h = self.c_fc(x)  # (B, T, fc_width)
-        if self.kind == "gelu":  # GPT-2 uses GELU's tanh approximation ("gelu_new")
-            h = F.gelu(h, approximate="tanh")
-        elif self.kind == "gelu_exact":  # the erf form, as nanoGPT's nn.GELU(): its checkpoints load exactly
-            h = F.gelu(h)
-        elif self.kind == "relu2":  # Primer (So et al. 2021)
-            h = fused.relu2(h) if fused.use_fused(h) else F.relu(h).square()
-        else:  # SwiGLU (Shazeer 2020): silu(gate) * up
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)  # (B, T, hidden) each
+            h = self.act(gate) * up
+        else:
+            h = self.act(h)
         return self.dropout(self.c_proj(h))
 
 
@@ -450,70 +462,27 @@ class GPT(nn.Module):
                 block.attn.rope_cos = block.attn.rope_cos[:block_size]
                 block.attn.rope_sin = block.attn.rope_sin[:block_size]
 
-    @torch.inference_mode()  # as no_grad, and no version counters: less work per small op
-    def generate_stream(
-        self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, min_p=None,
-        repetition_penalty=1.0, stop_tokens=None, generator=None, use_cache=True, shift_context=False,
-    ):
-        """Yield the next token of every row, a (B,) LongTensor, max_new_tokens times.
+    def next_token_logits(self, idx, cache=None):
+        """Logits (B, vocab_size) for the token after the last of idx (B, T).
 
-        With use_cache, keys and values of past tokens are kept, so each step runs the
-        model on one token. Past block_size the context is cropped to the last block_size
-        tokens, as recomputation does: then every kept token moves one position and its
-        keys in every layer after the first change (they attended to the dropped token),
-        so the cache cannot be slid and each step recomputes the window; the tokens are
-        exactly those of use_cache=False. shift_context=True instead keeps the last
-        block_size // 2 tokens, rebuilds the cache once and goes on caching (llama.cpp's
-        "context shift"): much faster past block_size, but tokens then see between half
-        and all of block_size, so they differ from recomputation.
-        A row that emits one of stop_tokens is finished: later steps repeat that stop
-        token for it, and the generator stops once every row is finished.
-        Dropout stays active in train mode: call model.eval() first.
-        """
-        check_sampling_options(temperature, top_k, top_p, min_p, repetition_penalty)
-        if idx.dim() != 2 or idx.size(1) == 0:
-            raise ValueError(f"idx must be (B, T) with T >= 1, got shape {tuple(idx.shape)}")
-        B, T0 = idx.shape
-        block = self.config.block_size
-        seq = idx.new_empty(B, T0 + max_new_tokens)  # every token so far, preallocated
-        seq[:, :T0] = idx
-        n = T0
-        stops = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=idx.device)
-        finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
-        stop_value = torch.zeros(B, dtype=torch.long, device=idx.device)
-        cache = None
+        With a cache, idx holds only the tokens the cache has not seen yet: their keys
+        and values are added to it, and they attend to everything cached before them."""
+        return self._logits(self._hidden(idx, cache)[:, -1])
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        """nanoGPT's generate: idx (B, T) -> (B, T + max_new_tokens), running the model
+        on the whole context (cropped to block_size) for every new token. Temperature 0
+        is greedy. Dropout stays active in train mode: call model.eval() first."""
         for _ in range(max_new_tokens):
-            if not use_cache:  # nanoGPT's way: the whole (cropped) context every token
-                logits = self._logits(self._hidden(seq[:, max(0, n - block) : n])[:, -1])
-            elif cache is not None and cache.length < block:  # one new token
-                logits = self._logits(self._hidden(seq[:, n - 1 : n], cache)[:, -1])
-            elif cache is None or shift_context:  # (re)build the cache from a prompt or a shifted window
-                keep = block if cache is None else max(1, block // 2)
-                cache = KVCache(self.config.n_layer, block)
-                logits = self._logits(self._hidden(seq[:, max(0, n - keep) : n], cache)[:, -1])
-            else:  # window full: it slides every token from now on, nothing can be reused
-                logits = self._logits(self._hidden(seq[:, n - block : n])[:, -1])
-            token = choose_next_token(
-                logits, temperature, top_k, top_p, min_p, repetition_penalty,
-                previous_tokens=seq[:, :n], generator=generator,
-            )  # (B,)
-            if stops.numel():
-                token = torch.where(finished, stop_value, token)
-                newly = torch.isin(token, stops) & ~finished
-                stop_value = torch.where(newly, token, stop_value)
-                finished |= newly
-            seq[:, n] = token
-            n += 1
-            yield token
-            if stops.numel() and bool(finished.all()):
-                return
-
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, min_p=None,
-                 repetition_penalty=1.0, stop_tokens=None, generator=None, use_cache=True, shift_context=False):
-        """idx (B, T) -> (B, T + n): the prompt followed by n <= max_new_tokens new tokens
-        (fewer only when every row hit a stop token). Temperature 0 is greedy."""
-        new = list(self.generate_stream(
-            idx, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
-            stop_tokens, generator, use_cache, shift_context,
-        ))
-        return torch.cat([idx] + [t[:, None] for t in new], dim=1)
+            logits = self.next_token_logits(idx[:, -self.config.block_size :])  # (B, vocab_size)
+            if temperature == 0:
+                next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+            else:
+                logits = logits / temperature
+                if top_k:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]  # (B, 1)
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)  # (B, 1)
+            idx = torch.cat((idx, next_id), dim=1)
+        return idx

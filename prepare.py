@@ -31,7 +31,8 @@ examples:
       (with data/books/tokenizer.json); --tokenizer_from data/books reuses it for other text
 
 inputs: a text file is one document; a folder is every .txt file below it (sorted), one
-document each; a .jsonl file is one document per line, in its "text" field. One document
+document each; a .jsonl file is one document per line, in its "text" field; - (standard
+input), a named pipe or <(zcat corpus.gz) is one document, copied once into data/NAME. One document
 is split at --val_fraction of its characters (as nanoGPT); several documents are split by
 whole documents, evenly spaced. With GPT-2 BPE and several documents, the end-of-text token
 (50256) follows each document; with a trained BPE, <|endoftext|> (its last id) does.
@@ -64,7 +65,10 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("dataset", nargs="?", help=f"a named dataset: {', '.join(NAMED_DATASETS)}")
-    parser.add_argument("--input", nargs="+", metavar="PATH", help="text file(s), folder(s) of .txt, .jsonl file(s)")
+    parser.add_argument(
+        "--input", nargs="+", metavar="PATH",
+        help="text file(s), folder(s) of .txt, .jsonl file(s), a pipe or <(command), or - for standard input",
+    )
     parser.add_argument(
         "--tokenizer",
         metavar="{char,gpt2,bpe}",
@@ -78,7 +82,11 @@ def build_parser():
         metavar="PATH",
         help="with --tokenizer bpe: reuse the BPE of a dataset folder, out_dir or checkpoint instead of training",
     )
-    parser.add_argument("--name", help="output folder name under --data_dir (with your own --input)")
+    parser.add_argument(
+        "--name",
+        help="output folder name under --data_dir (with your own --input); checked, with --data_dir, before "
+        "any input is read: a folder you cannot write to or a name over 255 bytes fails at once",
+    )
     parser.add_argument(
         "--val_fraction", type=float, default=None, metavar="F", help="share held out for validation (default 0.1)"
     )

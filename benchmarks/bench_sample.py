@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from gptkit.errors import UserError
+from gptkit import generate
 
 BABY_GPT = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, bias=False, dropout=0.0)
 QUICK_START_CONFIG = "configs/shakespeare.py"
@@ -61,12 +62,12 @@ def time_stream(model, idx, n, use_cache, shift_context, device, seed):
     """Seconds to generate n tokens per row of idx, after a short warm-up."""
     generator = torch.Generator(device=device).manual_seed(seed)
     options = dict(temperature=1.0, generator=generator, use_cache=use_cache, shift_context=shift_context)
-    for _ in model.generate_stream(idx, 2, **options):  # warm-up: allocator, thread pool
+    for _ in generate.generate_stream(model, idx, 2, **options):  # warm-up: allocator, thread pool
         pass
     sync(device)
     t0 = time.perf_counter()
     count = 0
-    for _ in model.generate_stream(idx, n, **options):
+    for _ in generate.generate_stream(model, idx, n, **options):
         count += 1
     sync(device)
     assert count == n, f"generated {count} of {n} tokens"
@@ -137,7 +138,6 @@ def quick_start_model(out_dir):
 def quick_start_table(args, device):
     import sample
     from benchmarks.report import Table
-    from gptkit import generate
 
     num_samples, n = (2, 80) if args.quick else (10, 500)
     torch.manual_seed(args.seed)

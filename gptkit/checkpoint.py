@@ -23,14 +23,13 @@ import torch
 from gptkit import faults
 from gptkit.errors import RunFailed, UserError
 from gptkit.lock import fsync_dir
+from gptkit.paths import TEMP_MARK, temp_path  # TEMP_MARK: also named here as checkpoint.TEMP_MARK
 
 FORMAT_VERSION = 1
-TEMP_MARK = ".tmp-"  # temporary files look like `.ckpt.pt.tmp-1234` and are never loaded
 
 
 def temp_path_for(path):
-    path = Path(path)
-    return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}")
+    return temp_path(path)  # `.ckpt.pt.tmp-1234`, shortened for a name near the 255-byte limit
 
 
 def save_checkpoint(obj, path):
@@ -64,16 +63,23 @@ def save_checkpoint(obj, path):
 
 
 def write_text_atomic(path, text):
-    """Replace a small text file (config.json, a trimmed metrics.jsonl) atomically."""
+    """Replace a small file (config.json, a trimmed metrics.jsonl; bytes such as a PNG too)
+    atomically; a full disk is one RunFailed line and leaves no temporary file."""
     path = Path(path)
     tmp = temp_path_for(path)
     try:
         with deferred_interrupts():
-            tmp.write_text(text)
+            if isinstance(text, bytes):
+                tmp.write_bytes(text)
+            else:
+                tmp.write_text(text)
             os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise RunFailed(f"could not write {path}: {e}")
+        raise RunFailed(f"could not write {path}: {e.strerror or e}")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def non_finite_tensors(obj, name="checkpoint"):

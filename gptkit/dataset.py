@@ -23,12 +23,14 @@ import numpy as np
 import torch
 
 from gptkit.errors import UserError
+from gptkit.tokenizer import check_description
+from gptkit.untrusted import inside, read_regular, regular_size
 
 FORMAT_VERSION = 1
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 AUTO_PREPARED = ("shakespeare_char", "shakespeare")  # names prepare.py can build by itself
 EVAL_STREAM = 0xE7A1  # separates the evaluation windows' random stream from training's
-GPT2_VOCAB_SIZE = 50257
+MAX_META_BYTES = 64 << 20  # meta.json: a character vocabulary and the list of sources
 FULL_SCAN_BYTES = 1 << 30  # bins up to 1 GiB are checked whole at start-up (~0.1 s per 100 MB)
 
 
@@ -66,13 +68,10 @@ def load_meta(data_dir, name, block_size=None):
     shorter than one block."""
     folder = dataset_dir(data_dir, name)
     meta_path = folder / "meta.json"
-    if not meta_path.is_file():
+    if not os.path.lexists(meta_path):
         why = "does not exist" if not folder.exists() else "has no meta.json (an unfinished prepare?)"
         raise UserError(f"dataset folder {folder} {why}: run {prepare_command(name)}")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{meta_path} is not valid JSON ({e}): run {prepare_command(name)} again")
+    meta = read_meta_file(folder, meta_path, f"run {prepare_command(name)} again")
     for key in ("format_version", "tokenizer", "vocab_size", "dtype", "num_tokens"):
         if key not in meta:
             raise UserError(f"{meta_path} lacks '{key}': run {prepare_command(name)} again")
@@ -103,9 +102,10 @@ def load_meta(data_dir, name, block_size=None):
     itemsize = np.dtype(DTYPES[meta["dtype"]]).itemsize
     for split in ("train", "val"):
         path = folder / f"{split}.bin"
-        if not path.is_file():
+        try:
+            size = regular_size(inside(folder, f"{split}.bin", "the dataset file"), path)
+        except FileNotFoundError:
             raise UserError(f"{path} is missing: run {prepare_command(name)} again")
-        size = path.stat().st_size
         expected = meta["num_tokens"].get(split)
         if size % itemsize or size // itemsize != expected:
             raise UserError(
@@ -113,36 +113,46 @@ def load_meta(data_dir, name, block_size=None):
                 f"{meta['dtype']} ({expected and expected * itemsize} bytes): the file is "
                 f"truncated or stale; run {prepare_command(name)} again"
             )
-    check_vocabulary(meta, meta_path)
-    for split in ("train", "val"):
-        if meta["num_tokens"][split] * itemsize <= FULL_SCAN_BYTES:  # larger ones: each batch as it is read
-            check_token_ids(folder / f"{split}.bin", meta["dtype"], meta["vocab_size"], name)
     meta.setdefault("fingerprint", None)
     meta.setdefault("eot_id", None)
-    if isinstance(meta["tokenizer"], dict) and meta["tokenizer"].get("type") == "bpe":
+    if meta["tokenizer"].get("type") == "bpe":
         from gptkit.tokenizer import embed_bpe_file
 
         # tokenizer.json's text joins the description, so every checkpoint embeds the tokenizer itself
         meta["tokenizer"] = embed_bpe_file(meta["tokenizer"], folder)
+    check_vocabulary(meta, meta_path)
+    for split in ("train", "val"):
+        if meta["num_tokens"][split] * itemsize <= FULL_SCAN_BYTES:  # larger ones: each batch as it is read
+            check_token_ids(folder / f"{split}.bin", meta["dtype"], meta["vocab_size"], name)
     if block_size is not None:
         check_block_size(meta, block_size, folder)
     return meta
 
 
+def read_meta_file(folder, meta_path, fix):
+    """meta.json's object: a regular file inside the folder, of bounded size, valid JSON."""
+    try:
+        raw = read_regular(inside(folder, "meta.json", "the dataset file"), MAX_META_BYTES, meta_path)
+        meta = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise UserError(f"{meta_path} is not valid JSON ({e}): {fix}")
+    if not isinstance(meta, dict):
+        raise UserError(f"{meta_path} holds a {type(meta).__name__}, not an object: {fix}")
+    return meta
+
+
 def check_vocabulary(meta, meta_path):
-    """vocab_size must agree with the tokenizer meta.json describes."""
-    tok = meta["tokenizer"]
-    expected = None
-    if tok.get("type") == "char":
-        chars = tok.get("chars")
-        expected = len(chars) if isinstance(chars, (list, str)) else None
-    elif tok.get("type") == "gpt2":
-        expected = GPT2_VOCAB_SIZE
-    if expected is not None and expected != meta["vocab_size"]:
+    """The tokenizer meta.json describes (checked whole, whatever its pin says) must
+    agree with vocab_size, and eot_id lie inside that vocabulary."""
+    expected = check_description(meta["tokenizer"], meta_path)
+    if expected != meta["vocab_size"]:
         raise UserError(
-            f"{meta_path}: vocab_size {meta['vocab_size']} disagrees with its {tok.get('type')} tokenizer "
+            f"{meta_path}: vocab_size {meta['vocab_size']} disagrees with its {meta['tokenizer'].get('type')} tokenizer "
             f"({expected} tokens): the file was edited or is stale; run prepare.py again"
         )
+    eot = meta.get("eot_id")
+    if eot is not None and (not isinstance(eot, int) or isinstance(eot, bool) or not 0 <= eot < meta["vocab_size"]):
+        raise UserError(f"{meta_path}: eot_id {str(eot)[:40]} is not an id of its {meta['vocab_size']}-token vocabulary")
 
 
 def check_token_ids(path, dtype, vocab_size, name=None, offset=0, ids=None):

@@ -2,7 +2,7 @@
 
 import torch
 
-from gptkit.errors import UserError
+from gptkit.errors import UserError, same_on_every_rank
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -19,13 +19,14 @@ def resolve_device(name, local_rank=None):
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
-        raise UserError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps")
+        raise same_on_every_rank(UserError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps"))
     if device.type not in ("cpu", "cuda", "mps"):
-        raise UserError(f"device={name!r}: expected auto, cpu, cuda, cuda:N or mps")
+        raise same_on_every_rank(UserError(f"device={name!r}: expected auto, cpu, cuda, cuda:N or mps"))
+    # Under torchrun every rank finds the same: rank 0 alone prints it.
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device={name!r} but this PyTorch sees no CUDA GPU: use --device=cpu (or auto)")
+        raise same_on_every_rank(UserError(f"device={name!r} but this PyTorch sees no CUDA GPU: use --device=cpu (or auto)"))
     if device.type == "mps" and not mps_available():
-        raise UserError(f"device={name!r} but MPS is not available here: use --device=cpu (or auto)")
+        raise same_on_every_rank(UserError(f"device={name!r} but MPS is not available here: use --device=cpu (or auto)"))
     if device.type == "cuda" and local_rank is not None:
         device = torch.device("cuda", local_rank)  # one process per device under torchrun
     return device

@@ -27,6 +27,13 @@ EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
 
 
+def first_line(error, limit=300):
+    """The first line of an exception's message, cut to `limit` characters, or its
+    type's name when it says nothing: what a one-line error quotes of a cause."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
 class UserError(Exception):
     """A mistake in the user's input; the message names the thing and the fix."""
 
@@ -71,8 +78,22 @@ def _out_of_memory(e):
     return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or any(s in text for s in signs)
 
 
+def catch_ctrl_c():
+    """Make Ctrl-C raise KeyboardInterrupt in this process, even when SIGINT came in
+    ignored (a launcher, or `cmd &` in a script, starts a program that way): our
+    scripts handle it (exit 130, temporary files removed), and a user's Ctrl-C must
+    work. Returns the previous handler. Handlers live in the main thread only."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run_main(main, argv=None):
     """Call `main(argv)` and exit with its code, turning our errors into messages."""
+    catch_ctrl_c()
     try:
         code = main(argv)
     except (UserError, RunFailed) as e:
@@ -89,7 +110,7 @@ def run_main(main, argv=None):
     except (MemoryError, RuntimeError) as e:
         if not _out_of_memory(e):
             raise
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        first = first_line(e, 200)
         print(f"error: out of memory ({first}): use a smaller batch_size, block_size, num_samples or model", file=sys.stderr)
         _tell_torchrun(f"error: out of memory ({first})")
         code = EXIT_FAILED

@@ -6,6 +6,7 @@ gptkit/scoring.py (sliding windows, every token once) and gptkit/hellaswag.py.
 Bits per byte makes models with different tokenizers comparable.
 """
 
+import itertools
 import json
 import math
 import sys
@@ -18,9 +19,11 @@ import numpy as np
 import torch
 
 from gptkit import dataset, hellaswag, scoring
-from gptkit.checkpoint import load_checkpoint
+from gptkit.checkpoint import write_text_atomic
 from gptkit.errors import UserError
-from gptkit.loading import find_checkpoint, load_model, model_from_checkpoint
+from gptkit.loading import find_checkpoint, load_model, model_from_checkpoint, read_checkpoint
+from gptkit.paths import shown
+from gptkit.prepare.encode import CHUNK_CHARS, any_cut, build_tasks, gpt2_cut
 from gptkit.prepare.sources import iter_documents, resolve_inputs
 
 
@@ -91,10 +94,14 @@ def load_candidate(spec, init_from=False):
         model, tokenizer, summary = load_model(init_from=spec)
         return Candidate(Path(spec).name or spec, model, tokenizer, None, summary)
     path = Path(spec)
-    if not path.exists():
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
         raise UserError(f"{spec} does not exist: give a checkpoint file or a training out_dir")
+    except OSError as e:  # a name too long for the system, a loop of symlinks
+        raise UserError(f"cannot read {shown(path)}: {e.strerror}")
     file = find_checkpoint(path) if path.is_dir() else path
-    ckpt = load_checkpoint(file)  # UserError for a missing, damaged or unsafe file
+    ckpt = read_checkpoint(file)  # UserError for a missing, damaged or unsafe file
     model, tokenizer, summary = model_from_checkpoint(ckpt, file)
     return Candidate(path.name if path.is_dir() else str(path), model, tokenizer, tokens_seen(ckpt), summary)
 
@@ -110,26 +117,64 @@ def tokens_seen(ckpt):
         return None
 
 
-def read_texts(paths):
-    """The documents of --input (a text file, a folder of .txt, a .jsonl) as strings."""
-    return ["".join(pieces) for pieces in iter_documents(resolve_inputs(paths))]
+class InputText:
+    """--input's documents, read (and encoded) only as far as each model needs: with
+    --max_tokens N the reading stops once the model has N tokens. Files are read again
+    for each model; a stream (a pipe, process substitution, `-`) can be read only once,
+    so what was read of it is kept for the next model."""
+
+    def __init__(self, paths):
+        self.sources = resolve_inputs(paths)  # a missing or unreadable file fails before any model loads
+        self.kept = [] if any(s.stream for s in self.sources) else None
+        self.fresh = None
+
+    def pieces(self):
+        """(document number, text piece) pairs, in input order."""
+        if self.kept is None:
+            yield from _numbered(iter_documents(self.sources))
+            return
+        yield from self.kept
+        if self.fresh is None:
+            self.fresh = _numbered(iter_documents(self.sources))
+        for pair in self.fresh:
+            self.kept.append(pair)
+            yield pair
+
+
+def _numbered(docs):
+    for number, pieces in enumerate(docs):
+        for piece in pieces:
+            yield number, piece
 
 
 def encode_texts(candidate, texts, max_tokens=None):
     """Each document's token ids with the model's tokenizer: a list of int64 arrays,
-    cut to max_tokens in all."""
-    docs, left = [], max_tokens
-    for text in texts:
-        try:
-            ids = candidate.tokenizer.encode(text)
-        except UserError as e:
-            raise UserError(f"{candidate.name}: {e}")
-        if left is not None:
-            ids, left = ids[:left], left - min(left, len(ids))
-        docs.append(np.asarray(ids, dtype=np.int64))
-        if left == 0:
-            break
-    return docs
+    cut to max_tokens in all.
+
+    The text is encoded in chunks cut only where encoding the pieces apart gives the ids
+    of encoding it whole (gptkit/prepare/encode.py proves where; any cut for characters),
+    small ones when few tokens are wanted, so a huge file costs what its first tokens do."""
+    find_cut = any_cut if candidate.tokenizer.to_dict().get("type") == "char" else gpt2_cut
+    chunk = CHUNK_CHARS if max_tokens is None else min(CHUNK_CHARS, max(1 << 12, max_tokens))
+    by_doc = itertools.groupby(texts.pieces(), key=lambda pair: pair[0])
+    segments = ((number, (p[i : i + chunk] for _, p in pairs for i in range(0, len(p), chunk)), False)
+                for number, pairs in by_doc)
+    docs, total = [], 0
+    for task in build_tasks(segments, find_cut, chunk):
+        for number, text, _ in task:
+            try:
+                ids = np.asarray(candidate.tokenizer.encode(text), dtype=np.int64)
+            except UserError as e:
+                raise UserError(f"{candidate.name}: {e}")
+            if max_tokens is not None:
+                ids = ids[: max_tokens - total]
+            while len(docs) <= number:
+                docs.append([])
+            docs[number].append(ids)
+            total += len(ids)
+            if max_tokens is not None and total >= max_tokens:
+                return [np.concatenate(d) for d in docs]
+    return [np.concatenate(d) for d in docs]
 
 
 def progress_bar(total, settings, desc, unit):
@@ -283,7 +328,4 @@ def write_json(results, path, settings, source):
     if str(path) == "-":
         print(text)
         return
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise UserError(f"cannot write {path}: the folder {path.parent} does not exist")
-    path.write_text(text + "\n")
+    write_text_atomic(path, text + "\n")  # claimed (claim_output) before the first model was scored

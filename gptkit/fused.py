@@ -1,26 +1,37 @@
-"""Two elementwise steps of the block with their backward pass written by hand.
+"""ReLU² and RMSNorm with their backward pass written by hand, swapped into a built GPT.
 
-On a CPU, at the small widths the quick start trains (128), autograd's own
+On a CPU, at the small widths the quick start trains, autograd's own
 backward for ReLU² and RMSNorm costs more than it should: `relu(h).square()`
 keeps both the ReLU and the power in the graph (a threshold pass plus a pow
 backward that computes 2·h¹ with a general power), and `F.rms_norm`'s CPU backward
 is decomposed into a chain of small ops. The functions below save exactly what
 their gradient needs and compute it in a few passes: measured at one thread,
 ReLU² forward + backward on a (32, 64, 512) tensor takes 4.2 ms instead of 12,
-RMSNorm on (32, 64, 128) 1.6 ms instead of 2.5 (BENCHMARKS.md, issue 13).
-model.py uses them for float32 tensors on the CPU; elsewhere (CUDA, where
-torch.compile fuses these anyway, or bfloat16) it keeps the library calls.
-Same values: the ReLU² gradient is bitwise equal to autograd's, RMSNorm's
-agrees to rounding and passes torch.autograd.gradcheck (tests/test_fused.py).
+RMSNorm on (32, 64, 128) 1.6 ms instead of 2.5 (BENCHMARKS.md).
+Same values: the forwards are bitwise those of model.py, the ReLU² gradient is
+bitwise autograd's, RMSNorm's agrees to rounding and passes
+torch.autograd.gradcheck (tests/test_fused.py).
 
-    python -c "import torch; from gptkit.fused import relu2; print(relu2(torch.tensor([-1.0, 2.0])))"
+model.py keeps the plain formulas. `apply(model)` swaps these versions into a
+built model from outside, as nanochat converts its Linear layers to FP8 after
+building the model; train.py calls it for runs in float32 on the CPU:
+
+    model = GPT(GPTConfig(norm="rmsnorm", mlp="relu2"))
+    fused.apply(model)   # same parameters, same state_dict, faster backward on CPU float32
+
+The swapped modules still check every tensor they get and fall back to model.py's
+formula for anything but float32 on the CPU (CUDA, where torch.compile fuses these
+anyway, or bfloat16 under autocast), so a model that is moved or cast after
+apply() computes exactly what an untouched one would.
 """
 
 import torch
 import torch.nn.functional as F
 
+from model import NORM_EPS, RMSNorm, ReLU2
 
-class ReLU2(torch.autograd.Function):
+
+class ReLU2Function(torch.autograd.Function):
     """relu(h)², whose derivative is 2·relu(h): zero wherever h < 0 by itself."""
 
     @staticmethod
@@ -59,7 +70,7 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 def relu2(h):
-    return ReLU2.apply(h)
+    return ReLU2Function.apply(h)
 
 
 def rms_norm(x, weight, eps):
@@ -69,3 +80,40 @@ def rms_norm(x, weight, eps):
 def use_fused(x):
     """The hand-written versions pay off for float32 on the CPU (measured); not elsewhere."""
     return x.is_cpu and x.dtype == torch.float32
+
+
+class FusedReLU2(ReLU2):
+    def forward(self, h):
+        return relu2(h) if use_fused(h) else super().forward(h)
+
+
+class FusedRMSNorm(RMSNorm):
+    def forward(self, x):
+        if not use_fused(x):
+            return super().forward(x)
+        y = rms_norm(x, self.weight, NORM_EPS)
+        return y if self.bias is None else y + self.bias
+
+
+def swapped(module):
+    """The fused stand-in for `module`, holding the very same parameters; None if it has none."""
+    if type(module) is ReLU2:
+        return FusedReLU2()
+    if type(module) is RMSNorm:
+        fast = FusedRMSNorm(module.weight.numel(), bias=module.bias is not None)
+        fast.weight, fast.bias = module.weight, module.bias  # shared, not copied: optimizers and checkpoints see no change
+        return fast.train(module.training)
+    return None
+
+
+def apply(model):
+    """Replace every RMSNorm and ReLU² module of `model` by its fused version, in place.
+
+    Parameter names, order and tensors stay the same, so call it before building
+    optimizers or wrapping the model (DDP, FSDP, torch.compile). Returns the model."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            fast = swapped(child)
+            if fast is not None:
+                setattr(parent, name, fast)
+    return model

@@ -1,9 +1,20 @@
-"""Generate text in batches with the KV cache, streamed as it comes.
+"""Generate text in batches with the KV cache, streamed as it comes: what sample.py runs.
 
+model.py holds the architecture: a KVCache and `GPT.next_token_logits`, which runs
+the model on the new tokens only. `generate_stream` here decides what to run each
+step (the cache while the context fits, and what to do past block_size), picks the
+next token with gptkit/sampling.py's filters and finishes rows at stop tokens.
 One sample's tokens become text through a TextStream, which waits for whole UTF-8
-characters and cuts the text before a stop string."""
+characters and cuts the text before a stop string.
+
+    python sample.py --out_dir=out-shakespeare --num_samples=2 --max_new_tokens=100
+    python -c "import torch, model; from gptkit.generate import generate_stream; m = model.GPT(model.GPTConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=50)).eval(); print([t.tolist() for t in generate_stream(m, torch.zeros(1, 3, dtype=torch.long), 5, temperature=0)])"
+"""
 
 import torch
+
+from gptkit.sampling import check_sampling_options, choose_next_token
+from model import KVCache
 
 REPLACEMENT = "\ufffd"  # what decoding prints for incomplete UTF-8
 MAX_PENDING = 4  # a UTF-8 character is at most 4 bytes, and every BPE token holds at least one
@@ -69,6 +80,65 @@ class TextStream:
         return new
 
 
+@torch.inference_mode()  # as no_grad, and no version counters: less work per small op
+def generate_stream(
+    model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, min_p=None,
+    repetition_penalty=1.0, stop_tokens=None, generator=None, use_cache=True, shift_context=False,
+):
+    """Yield the next token of every row, a (B,) LongTensor, max_new_tokens times.
+
+    With use_cache, keys and values of past tokens are kept, so each step runs the
+    model on one token. Past block_size the context is cropped to the last block_size
+    tokens, as recomputation does: then every kept token moves one position and its
+    keys in every layer after the first change (they attended to the dropped token),
+    so the cache cannot be slid and each step recomputes the window; the tokens are
+    exactly those of use_cache=False. shift_context=True instead keeps the last
+    block_size // 2 tokens, rebuilds the cache once and goes on caching (llama.cpp's
+    "context shift"): much faster past block_size, but tokens then see between half
+    and all of block_size, so they differ from recomputation.
+    A row that emits one of stop_tokens is finished: later steps repeat that stop
+    token for it, and the generator stops once every row is finished.
+    Dropout stays active in train mode: call model.eval() first.
+    """
+    check_sampling_options(temperature, top_k, top_p, min_p, repetition_penalty)
+    if idx.dim() != 2 or idx.size(1) == 0:
+        raise ValueError(f"idx must be (B, T) with T >= 1, got shape {tuple(idx.shape)}")
+    B, T0 = idx.shape
+    block = model.config.block_size
+    seq = idx.new_empty(B, T0 + max_new_tokens)  # every token so far, preallocated
+    seq[:, :T0] = idx
+    n = T0
+    stops = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=idx.device)
+    finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
+    stop_value = torch.zeros(B, dtype=torch.long, device=idx.device)
+    cache = None
+    for _ in range(max_new_tokens):
+        if not use_cache:  # nanoGPT's way: the whole (cropped) context every token
+            logits = model.next_token_logits(seq[:, max(0, n - block) : n])
+        elif cache is not None and cache.length < block:  # one new token
+            logits = model.next_token_logits(seq[:, n - 1 : n], cache)
+        elif cache is None or shift_context:  # (re)build the cache from a prompt or a shifted window
+            keep = block if cache is None else max(1, block // 2)
+            cache = KVCache(model.config.n_layer, block)
+            logits = model.next_token_logits(seq[:, max(0, n - keep) : n], cache)
+        else:  # window full: it slides every token from now on, nothing can be reused
+            logits = model.next_token_logits(seq[:, n - block : n])
+        token = choose_next_token(
+            logits, temperature, top_k, top_p, min_p, repetition_penalty,
+            previous_tokens=seq[:, :n], generator=generator,
+        )  # (B,)
+        if stops.numel():
+            token = torch.where(finished, stop_value, token)
+            newly = torch.isin(token, stops) & ~finished
+            stop_value = torch.where(newly, token, stop_value)
+            finished |= newly
+        seq[:, n] = token
+        n += 1
+        yield token
+        if stops.numel() and bool(finished.all()):
+            return
+
+
 def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None):
     """Generate cfg.num_samples continuations of `prompt_ids` together as one batch.
 
@@ -79,8 +149,8 @@ def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None):
     idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)  # (B, T)
     streams = [TextStream(tokenizer, cfg.stop) for _ in range(cfg.num_samples)]
     with torch.no_grad():
-        steps = model.generate_stream(
-            idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+        steps = generate_stream(
+            model, idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
             min_p=cfg.min_p, repetition_penalty=cfg.repetition_penalty, generator=generator,
             use_cache=cfg.use_cache, shift_context=cfg.shift_context,
             stop_tokens=None if tokenizer.eot_id is None else [tokenizer.eot_id],

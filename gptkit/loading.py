@@ -16,6 +16,8 @@ from gptkit import lora
 from gptkit.checkpoint import FORMAT_VERSION, load_checkpoint, non_finite_tensors
 from gptkit.config import read_config_file
 from gptkit.errors import UserError
+from gptkit.interop.hf_gpt2 import HUB_NAMES
+from gptkit.paths import shown
 from gptkit.interop.nanogpt import (
     is_nanogpt_checkpoint,
     nanogpt_model_config,
@@ -25,23 +27,54 @@ from gptkit.interop.nanogpt import (
 )
 from gptkit.tokenizer import tokenizer_from_dict
 
-GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 CHECKPOINT_NAMES = ("best.pt", "ckpt.pt")  # best.pt first: the weights with the lowest val loss
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # the shipped configs, beside gptkit/
 
 
 def find_checkpoint(out_dir, ckpt=None):
-    """The file to load: `ckpt` when given, else best.pt or ckpt.pt in `out_dir`."""
+    """What to load: `ckpt` when given, else best.pt or ckpt.pt in `out_dir`, else the
+    sharded checkpoint of an FSDP run there (a folder, out_dir/ckpt/)."""
     if ckpt:
         return Path(ckpt)
     folder = Path(out_dir)
+    try:
+        folder.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # said below, with how to train one
+    except OSError as e:  # a name too long for the system, a loop of symlinks
+        raise UserError(f"cannot read out_dir {shown(folder)}: {e.strerror}")
     for name in CHECKPOINT_NAMES:
         if (folder / name).is_file():
             return folder / name
+    if any((folder / name).is_dir() for name in ("ckpt", ".ckpt.old")) or (folder / ".metadata").is_file():
+        from gptkit.train import sharded  # torch.distributed: imported for FSDP runs only
+
+        found = folder if sharded.is_complete(folder) else sharded.find(folder)
+        if found is not None:
+            return found
     how = f"train one first with {training_command(folder)}, or pass --out_dir DIR or --ckpt FILE"
     if not folder.is_dir():
         raise UserError(f"no checkpoint: the folder {folder} does not exist; {how}")
-    raise UserError(f"no checkpoint in {folder} (looked for {' and '.join(CHECKPOINT_NAMES)}); {how}")
+    raise UserError(f"no checkpoint in {folder} (looked for {' and '.join(CHECKPOINT_NAMES)} and an FSDP run's ckpt/); {how}")
+
+
+def read_checkpoint(path):
+    """The checkpoint dict at `path`: a one-file checkpoint, or an FSDP run's sharded
+    folder read as resume reads it (gptkit/train/sharded.py)."""
+    path = Path(path)
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # load_checkpoint says so, with how to train one
+    except OSError as e:
+        raise UserError(f"cannot read checkpoint {shown(path)}: {e.strerror}")
+    if path.is_dir():
+        from gptkit.train import sharded
+
+        if not sharded.is_complete(path):
+            raise UserError(f"{path} is a folder, not a checkpoint: give a .pt file, a run's out_dir or its ckpt/ folder")
+        return sharded.read_as_single(path)
+    return load_checkpoint(path, map_location="cpu")  # UserError for a missing, damaged or unsafe file
 
 
 def training_command(out_dir, configs=CONFIGS):
@@ -181,7 +214,7 @@ def load_base(init_from, dropout=0.0):
 
     path = Path(init_from)
     if path.is_file():
-        model, tokenizer, _ = model_from_checkpoint(load_checkpoint(path), path)
+        model, tokenizer, _ = model_from_checkpoint(read_checkpoint(path), path)
         if dropout:  # the loaded model never drops out; training may
             trained = GPT(dataclasses.replace(model.config, dropout=dropout))
             trained.load_state_dict(model.state_dict())
@@ -245,9 +278,9 @@ def load_model(init_from="resume", out_dir="out-shakespeare", ckpt=None, data_di
     name or a Hugging Face folder), or the checkpoint `ckpt`, else best.pt or ckpt.pt in
     out_dir. data_dir and meta locate a nanoGPT checkpoint's vocabulary."""
     if init_from != "resume":
-        if init_from not in GPT2_NAMES and not Path(init_from).is_dir():
+        if init_from not in HUB_NAMES and not Path(init_from).is_dir():
             raise UserError(
-                f"init_from={init_from!r} must be resume, one of {', '.join(GPT2_NAMES)}, "
+                f"init_from={init_from!r} must be resume, one of {', '.join(HUB_NAMES)}, "
                 "or a folder in Hugging Face format (config.json and model.safetensors)"
             )
         from gptkit.interop.hf_gpt2 import load_gpt2
@@ -256,5 +289,4 @@ def load_model(init_from="resume", out_dir="out-shakespeare", ckpt=None, data_di
         model.eval()
         return model, tokenizer_from_dict({"type": "gpt2"}), f"loaded pretrained {init_from} (GPT-2 BPE)"
     path = find_checkpoint(out_dir, ckpt)
-    checkpoint = load_checkpoint(path, map_location="cpu")  # UserError for a missing, damaged or unsafe file
-    return model_from_checkpoint(checkpoint, path, data_dir, meta)
+    return model_from_checkpoint(read_checkpoint(path), path, data_dir, meta)

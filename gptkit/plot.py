@@ -137,12 +137,17 @@ def loss_figure(runs, metric="loss"):
 def plot_runs(out_dirs, out=None, metric="auto"):
     """Read every run's metrics and write the PNG (by default loss.png in the first
     run's folder, beside its metrics.jsonl); return its Path."""
+    import io
+
+    from gptkit.checkpoint import write_text_atomic
+    from gptkit.paths import claim_output
+
     if not out_dirs:
         raise UserError("give at least one run folder, e.g. python eval.py plot out-shakespeare-char")
     runs = [(label, read_metrics(d)) for label, d in zip(run_labels(out_dirs), out_dirs)]
+    out = claim_output(out or Path(out_dirs[0]) / "loss.png", "file", overwrite=True, what="--out")
     fig = loss_figure(runs, choose_metric(runs, metric))
-    out = Path(out) if out else Path(out_dirs[0]) / "loss.png"
-    if not out.parent.is_dir():
-        raise UserError(f"cannot write {out}: the folder {out.parent} does not exist")
-    fig.savefig(out, format="png", dpi=110)
-    return out
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    write_text_atomic(out, png.getvalue())  # a full disk leaves the previous plot, not half a PNG
+    return Path(out)

@@ -1,7 +1,7 @@
 """Choosing the next token from the model's logits: temperature and the usual filters.
 
 A pure function of a (B, V) batch of logits, so each rule can be tested without a
-model. `GPT.generate` calls it once per new token. The steps, in order:
+model. gptkit/generate.py calls it once per new token. The steps, in order:
 
     1. repetition penalty on the raw logits (CTRL, Keskar et al. 2019)
     2. temperature 0: take the argmax, nothing else applies

@@ -15,6 +15,7 @@ import numpy as np
 from gptkit.errors import UserError
 
 GPT2_EOT_ID = 50256  # "<|endoftext|>" in GPT-2's vocabulary
+GPT2_VOCAB_SIZE = 50257
 
 
 def load_gpt2_encoding():
@@ -87,10 +88,35 @@ class GPT2Tokenizer:
         return {"type": "gpt2"}
 
 
+def check_description(d, source):
+    """The vocabulary size of a tokenizer description (meta.json's or a checkpoint's),
+    after checking it as untrusted input: a UserError naming `source` otherwise."""
+    kind = d.get("type") if isinstance(d, dict) else None
+    if kind == "char":
+        chars = d.get("chars")
+        if not isinstance(chars, list) or not chars or not all(isinstance(c, str) and len(c) == 1 for c in chars):
+            raise UserError(f"{source}: its character tokenizer's \"chars\" must be a non-empty list of single characters")
+        if len(set(chars)) != len(chars):
+            raise UserError(f"{source}: its character tokenizer lists some character twice")
+        bad = next((c for c in chars if 0xD800 <= ord(c) <= 0xDFFF), None)
+        if bad is not None:
+            raise UserError(f"{source}: its character tokenizer holds U+{ord(bad):04X}, a lone surrogate (not a character)")
+        return len(chars)
+    if kind == "gpt2":
+        return GPT2_VOCAB_SIZE
+    if kind == "bpe":  # meta.json's pointer to tokenizer.json must be embedded first (embed_bpe_file)
+        try:
+            return bpe_from_dict(d).vocab_size
+        except UserError as e:
+            raise UserError(f"{source}: {e}")
+    raise UserError(f"{source}: unknown tokenizer description {str(d)[:200]}: expected type 'char', 'gpt2' or 'bpe'")
+
+
 def tokenizer_from_dict(d):
     """Rebuild a tokenizer from its meta.json / checkpoint description."""
     kind = d.get("type") if isinstance(d, dict) else None
     if kind == "char":
+        check_description(d, "the character tokenizer")
         return CharTokenizer(d["chars"])
     if kind == "gpt2":
         return GPT2Tokenizer()
@@ -121,6 +147,7 @@ BPE_FORMAT = "gptkit-bpe"
 BPE_FORMAT_VERSION = 1
 MIN_BPE_VOCAB = 256 + 1  # every byte, and <|endoftext|>
 MAX_BPE_VOCAB = 1 << 32  # ids must fit uint32, the widest dtype of the bins
+MAX_BPE_FILE_BYTES = 256 << 20  # tokenizer.json: a million tokens take ~20 MB
 
 
 class BPETokenizer:
@@ -238,10 +265,14 @@ def embed_bpe_file(description, folder):
     """meta.json's BPE description with tokenizer.json's text added, after checking its sha256."""
     from pathlib import Path
 
-    path = Path(folder) / description.get("file", BPE_FILE)
-    if not path.is_file():
+    from gptkit.untrusted import inside, read_regular
+
+    name = description.get("file", BPE_FILE)
+    path = Path(folder) / str(name)
+    try:
+        raw = read_regular(inside(folder, name, f"{Path(folder) / 'meta.json'}: its tokenizer file"), MAX_BPE_FILE_BYTES, path)
+    except FileNotFoundError:
         raise UserError(f"{path} is missing: the dataset's tokenizer is gone; prepare the dataset again")
-    raw = path.read_bytes()
     if hashlib.sha256(raw).hexdigest() != description.get("sha256"):
         raise UserError(f"{path} does not match the sha256 in meta.json: it was changed; prepare the dataset again")
     return dict(description) | {"json": raw.decode("utf-8")}  # written as ASCII JSON: the check above passed

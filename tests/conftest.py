@@ -2,6 +2,7 @@
 the repository), markers, tiny helpers."""
 
 import os
+import signal
 import tempfile
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import torch
 from repo import REPO
 
 SHARED_DATA = REPO.parent / "shared" / "data"
-SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", SHARED_DATA / "tinyshakespeare" / "input.txt"))
+# Relative paths (what users write) are taken from where pytest starts: tests change directory.
+SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", SHARED_DATA / "tinyshakespeare" / "input.txt")).absolute()
 TIKTOKEN_CACHE = SHARED_DATA / "tiktoken"
 
 # Tiny test models are dominated by per-op overhead, and torch's thread pool makes
@@ -24,6 +26,9 @@ os.environ.setdefault("GPTKIT_CACHE_DIR", tempfile.mkdtemp(prefix="gptkit-test-c
 # Point tiktoken at the offline GPT-2 BPE files before anything imports it.
 if "TIKTOKEN_CACHE_DIR" not in os.environ and TIKTOKEN_CACHE.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(TIKTOKEN_CACHE)
+for name in ("TINYSHAKESPEARE", "TIKTOKEN_CACHE_DIR"):
+    if os.environ.get(name):
+        os.environ[name] = os.path.abspath(os.environ[name])
 
 
 def _gpt2_bpe_available():
@@ -41,6 +46,15 @@ def shakespeare_path():
     if not SHAKESPEARE.is_file():
         pytest.skip(f"Tiny Shakespeare not found at {SHAKESPEARE} (set TINYSHAKESPEARE=path)")
     return SHAKESPEARE
+
+
+@pytest.fixture
+def default_sigint():
+    """Ctrl-C raises KeyboardInterrupt during the test, however pytest was started
+    (SIGINT ignored when it was started with `&`); the handler is put back after."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield previous
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

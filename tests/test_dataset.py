@@ -98,3 +98,142 @@ def test_ensure_dataset_prepares_only_known_names(tmp_path, shakespeare_path, mo
     meta = data.load_meta(tmp_path, "shakespeare_char", block_size=256)
     assert meta["vocab_size"] == 65 and meta["tokenizer"]["type"] == "char"
     assert data.ensure_dataset(tmp_path, "shakespeare_char") is False  # already there
+
+
+# ---- a dataset folder from someone else: untrusted input -----------------------------
+
+
+def write_bpe_dataset(data_dir, name="b"):
+    """A BPE dataset by hand: the 256 bytes and two merges, bins of their ids, meta.json as prepare.py writes it."""
+    import hashlib
+
+    from gptkit.tokenizer import BPETokenizer
+
+    tok = BPETokenizer([bytes([i]) for i in range(256)] + [b"th", b"the"])
+    folder = data_dir / name
+    folder.mkdir(parents=True)
+    ids = np.array(tok.encode("the theory of the thing " * 40), dtype=np.uint16)
+    ids[:-50].tofile(folder / "train.bin")
+    ids[-50:].tofile(folder / "val.bin")
+    (folder / "tokenizer.json").write_text(tok.to_json())
+    meta = {"format_version": 1, "tokenizer": tok.describe(), "vocab_size": tok.vocab_size, "dtype": "uint16",
+            "eot_id": tok.eot_id, "num_tokens": {"train": len(ids) - 50, "val": 50},
+            "fingerprint": hashlib.sha256(ids.tobytes()).hexdigest()}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def edit_meta(folder, edit):
+    meta = json.loads((folder / "meta.json").read_text())
+    edit(meta)
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def repin_tokenizer(folder, text):
+    """Replace tokenizer.json and update its sha256 in meta.json, as someone careful but hostile would."""
+    import hashlib
+
+    (folder / "tokenizer.json").write_bytes(text.encode("utf-8"))
+    edit_meta(folder, lambda m: m["tokenizer"].update(sha256=hashlib.sha256(text.encode("utf-8")).hexdigest()))
+
+
+def test_a_hand_made_bpe_dataset_loads(tmp_path):
+    write_bpe_dataset(tmp_path)
+    meta = data.load_meta(tmp_path, "b")
+    assert meta["vocab_size"] == 259 and meta["tokenizer"]["json"].startswith("{")
+
+
+@pytest.mark.parametrize("name,match", [
+    ("../outside.json", r"meta.json: its tokenizer file '\.\./outside.json' must name a file inside .* \(no absolute path, no '\.\.'\)"),
+    ("/etc/passwd", r"must name a file inside"),
+    ("sub/../../x.json", r"no absolute path, no '\.\.'"),
+    ("link.json", r"is a symbolic link to .*outside.json, outside"),
+])
+def test_files_named_by_meta_json_stay_inside_the_folder(tmp_path, name, match):
+    folder = write_bpe_dataset(tmp_path)
+    (tmp_path / "outside.json").write_bytes((folder / "tokenizer.json").read_bytes())
+    (folder / "link.json").symlink_to(tmp_path / "outside.json")
+    edit_meta(folder, lambda m: m["tokenizer"].update(file=name))
+    with pytest.raises(UserError, match=match):
+        data.load_meta(tmp_path, "b")
+
+
+@pytest.mark.parametrize("which", ["tokenizer.json", "train.bin", "meta.json"])
+def test_fifos_and_links_out_of_the_folder_are_refused_without_opening_them(tmp_path, which):
+    import os
+
+    folder = write_bpe_dataset(tmp_path)
+    (folder / which).unlink()
+    os.mkfifo(folder / which)  # opening it for reading would block forever
+    with pytest.raises(UserError, match=rf"{which} is a FIFO"):
+        data.load_meta(tmp_path, "b")
+    (folder / which).unlink()
+    (tmp_path / "elsewhere").write_bytes(b"x")
+    (folder / which).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UserError, match=rf"{which} is a symbolic link to .*elsewhere, outside"):
+        data.load_meta(tmp_path, "b")
+
+
+def test_a_huge_tokenizer_file_is_refused_before_it_is_read(tmp_path):
+    folder = write_bpe_dataset(tmp_path)
+    with open(folder / "tokenizer.json", "r+b") as f:
+        f.truncate(8 << 30)  # sparse: 8 GiB that cost no disk
+    with pytest.raises(UserError, match=r"tokenizer.json is 8,589,934,592 bytes, more than the"):
+        data.load_meta(tmp_path, "b")
+
+
+def tokens_json(tokens, **header):
+    from gptkit.tokenizer import GPT2_PATTERN
+
+    head = {"format": "gptkit-bpe", "version": 1, "pre_tokenizer": "gpt2", "pattern": GPT2_PATTERN,
+            "vocab_size": len(tokens) + 1 if isinstance(tokens, list) else 0,
+            "special_tokens": {"<|endoftext|>": len(tokens) if isinstance(tokens, list) else 0}, "tokens": tokens}
+    return json.dumps({**head, **header})
+
+
+BYTES = [chr(i) for i in range(256)]
+
+
+@pytest.mark.parametrize("text,match", [
+    ("{not json", r"is not valid JSON"),
+    (tokens_json(BYTES + ["th", "th"]), r"some token appears twice"),
+    (tokens_json(BYTES + ["th", "\u0100x"]), r"a token holds a character above U\+00FF"),
+    (tokens_json(BYTES + ["th", ""]), r'"tokens" must be a list of non-empty strings'),
+    (tokens_json("abc"), r'"tokens" must be a list of non-empty strings'),
+    (tokens_json(BYTES + ["th"], format="other"), r"is not a gptkit-bpe tokenizer file"),
+    (tokens_json(BYTES[1:] + ["th"]), r"ids 0-255 must be the 256 single bytes"),
+    (tokens_json(BYTES + ["th"], vocab_size=5), r"vocab_size and special_tokens must be len\(tokens\) \+ 1"),
+])
+def test_a_malformed_tokenizer_is_refused_whatever_its_pin_says(tmp_path, text, match):
+    folder = write_bpe_dataset(tmp_path)
+    repin_tokenizer(folder, text)
+    with pytest.raises(UserError, match=match):
+        data.load_meta(tmp_path, "b")
+
+
+def test_vocab_size_and_eot_id_must_agree_with_the_tokenizer(tmp_path):
+    folder = write_bpe_dataset(tmp_path)
+    edit_meta(folder, lambda m: m.update(vocab_size=10))
+    with pytest.raises(UserError, match=r"vocab_size 10 disagrees with its bpe tokenizer \(259 tokens\)"):
+        data.load_meta(tmp_path, "b")
+    edit_meta(folder, lambda m: m.update(vocab_size=259, eot_id=400))
+    with pytest.raises(UserError, match=r"eot_id 400 is not an id of its 259-token vocabulary"):
+        data.load_meta(tmp_path, "b")
+    folder = write_char_dataset(tmp_path, name="c", text="abcabc" * 100)
+    edit_meta(folder, lambda m: m["tokenizer"].update(chars=["a", "b", "b"]))
+    with pytest.raises(UserError, match=r"lists some character twice"):
+        data.load_meta(tmp_path, "c")
+    edit_meta(folder, lambda m: m["tokenizer"].update(chars=["a", "b", "\ud800"]))
+    with pytest.raises(UserError, match=r"U\+D800, a lone surrogate"):
+        data.load_meta(tmp_path, "c")
+
+
+def test_train_refuses_a_re_pinned_malformed_tokenizer_before_the_first_step(tmp_path):
+    import train
+    from train_helpers import tiny_args
+
+    folder = write_bpe_dataset(tmp_path / "data")
+    repin_tokenizer(folder, tokens_json(BYTES + ["th", "th"]))
+    with pytest.raises(UserError, match=r"some token appears twice"):
+        train.main(tiny_args(tmp_path / "data", tmp_path / "out", dataset="b", block_size=8))
+    assert not (tmp_path / "out" / "ckpt.pt").exists() and not (tmp_path / "out" / "metrics.jsonl").exists()

@@ -73,3 +73,16 @@ def test_prepare_does_not_import_torch(tmp_path):
     code = "import sys, prepare; assert 'torch' not in sys.modules, 'prepare.py imports torch'"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_model_imports_only_torch_and_its_settings():
+    """model.py is the architecture: speed swaps (gptkit/fused.py) are applied to a
+    built model from outside, and generation policies live in gptkit/generate.py."""
+    allowed = {"math", "dataclasses", "torch", "torch.nn", "torch.nn.functional", "gptkit.config"}
+    imported = set()
+    for node in ast.walk(ast.parse((REPO / "model.py").read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module)
+    assert imported <= allowed, f"model.py imports {sorted(imported - allowed)}"

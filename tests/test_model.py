@@ -173,64 +173,35 @@ def test_cache_chunks_match_full_forward(variant):
     torch.testing.assert_close(torch.cat(pieces, dim=1), model(idx)[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("pos_encoding", POS_ENCODINGS)
-def test_cached_greedy_equals_recomputation_past_block_size(pos_encoding):
-    model = tiny_model(pos_encoding=pos_encoding, n_kv_head=2, qk_norm=pos_encoding == "rope")
-    prompt = torch.randint(0, 37, (2, 5))
-    cached = model.generate(prompt, 40, temperature=0)  # 45 tokens, block_size 16
-    recomputed = model.generate(prompt, 40, temperature=0, use_cache=False)
-    assert cached.shape == (2, 45)
-    assert torch.equal(cached, recomputed)
+def test_next_token_logits_with_a_cache_equal_the_full_forward():
+    model = tiny_model(pos_encoding="rope", n_kv_head=2)
+    idx = torch.randint(0, 37, (2, 10))
+    full = model(idx)[0]  # (B, T, vocab_size)
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    torch.testing.assert_close(model.next_token_logits(idx[:, :4], cache), full[:, 3], rtol=1e-5, atol=1e-5)
+    for t in range(4, 10):  # then one token at a time
+        torch.testing.assert_close(model.next_token_logits(idx[:, t : t + 1], cache), full[:, t], rtol=1e-5, atol=1e-5)
+    assert cache.length == 10
 
 
-def test_prompt_longer_than_block_size_is_cropped():
+def test_generate_crops_the_context_to_block_size():
     model = tiny_model(pos_encoding="rope")
     prompt = torch.randint(0, 37, (1, 30))
     out = model.generate(prompt, 5, temperature=0)
-    assert torch.equal(out[:, :30], prompt)
-    assert torch.equal(out, model.generate(prompt, 5, temperature=0, use_cache=False))
+    assert out.shape == (1, 35) and torch.equal(out[:, :30], prompt)
     assert torch.equal(out[:, 30], model(prompt[:, -16:])[0][:, -1].argmax(-1))
+    assert torch.equal(out[:, 34], model(out[:, -17:-1])[0][:, -1].argmax(-1))
 
 
-def test_shift_context_matches_until_the_window_fills():
-    model = tiny_model(pos_encoding="rope")
-    prompt = torch.randint(0, 37, (2, 3))
-    exact = model.generate(prompt, 30, temperature=0)
-    shifted = model.generate(prompt, 30, temperature=0, shift_context=True)
-    assert shifted.shape == exact.shape
-    assert torch.equal(shifted[:, :17], exact[:, :17])  # up to block_size tokens of context
-
-
-def test_sampled_generation_is_reproducible_and_streams():
+def test_generate_samples_reproducibly_and_top_k_1_is_greedy():
     model = tiny_model()
     prompt = torch.randint(0, 37, (3, 4))
-    a = model.generate(prompt, 20, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(1))
-    b = model.generate(prompt, 20, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(1))
-    streamed = list(model.generate_stream(prompt, 20, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(1)))
-    assert torch.equal(a, b)
-    assert all(t.shape == (3,) and t.dtype == torch.long for t in streamed)
-    assert torch.equal(torch.stack(streamed, dim=1), a[:, 4:])
-    c = model.generate(prompt, 20, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(2))
-    assert not torch.equal(a, c)
-
-
-def test_stop_tokens_finish_rows():
-    model = tiny_model()
-    prompt = torch.randint(0, 37, (2, 4))
-    free = model.generate(prompt, 12, temperature=0)
-    stop = int(free[0, 6])  # row 0 emits it at its third new token (or earlier)
-    out = model.generate(prompt, 12, temperature=0, stop_tokens=[stop])
-    for row in range(2):
-        new = free[row, 4:]
-        hits = (new == stop).nonzero()
-        if len(hits):
-            first = int(hits[0])
-            assert torch.equal(out[row, 4 : 4 + first + 1], new[: first + 1])
-            assert (out[row, 4 + first + 1 :] == stop).all()  # later positions repeat the stop token
-        else:
-            assert torch.equal(out[row, 4:], new[: out.size(1) - 4])
-    single = model.generate(prompt[:1], 12, temperature=0, stop_tokens=[int(free[0, 4])])
-    assert single.shape == (1, 5)  # ended as soon as every row was finished
+    a = model.generate(prompt, 20, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    b = model.generate(prompt, 20, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    c = model.generate(prompt, 20, temperature=1.0, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    greedy = model.generate(prompt, 20, temperature=0)
+    assert torch.equal(model.generate(prompt, 20, top_k=1, generator=torch.Generator().manual_seed(3)), greedy)
 
 
 def test_padded_vocabulary_is_never_predicted():

@@ -187,51 +187,6 @@ def test_stop_escape_newline(tmp_path, capsys):
     assert got == [t.split("\n")[0] for t in full]
 
 
-def test_text_stream_holds_back_a_possible_stop_string():
-    tok = CharTokenizer(CHARS)
-    stream = generate.TextStream(tok, stop="ab")
-    shown = ""
-    for ch in "xya":
-        stream.push(tok.encode(ch)[0])
-        shown += stream.take_new()
-    assert shown == "xy"  # the 'a' may begin "ab": it waits
-    stream.push(tok.encode("c")[0])
-    shown += stream.take_new()
-    assert shown == "xyac"
-    for ch in "zab":
-        stream.push(tok.encode(ch)[0])
-        shown += stream.take_new()
-    assert stream.stopped and shown == "xyacz" and stream.text == "xyacz"
-    stream.push(tok.encode("q")[0])  # after the stop nothing is added
-    stream.close()
-    assert stream.take_new() == "" and stream.text == "xyacz"
-
-
-def test_end_of_text_ends_a_bpe_sample(tiktoken_available):
-    tok = tokenizer_from_dict({"type": "gpt2"})
-    stream = generate.TextStream(tok)
-    for i in tok.encode("Hello") + [tok.eot_id] + tok.encode(" world") + [tok.eot_id]:
-        stream.push(i)
-    stream.close()
-    assert stream.stopped and stream.take_new() == "Hello"
-
-
-def test_text_stream_never_splits_a_utf8_character(tiktoken_available):
-    tok = tokenizer_from_dict({"type": "gpt2"})
-    text = "héllo 世界, naïve café 🙂!"
-    ids = tok.encode(text)
-    assert any("\ufffd" in tok.decode([i]) for i in ids)  # some character spans two tokens
-    stream = generate.TextStream(tok)
-    pieces = []
-    for i in ids:
-        stream.push(i)
-        pieces.append(stream.take_new())
-    stream.close()
-    pieces.append(stream.take_new())
-    assert "".join(pieces) == text
-    assert not any("\ufffd" in p for p in pieces)
-
-
 def test_sample_one_streams_as_it_is_generated(tiny):
     model, _ = tiny
     tok = CharTokenizer(CHARS)

@@ -141,7 +141,7 @@ def test_sigterm_then_resume_equals_uninterrupted(data_dir, tmp_path):
     assert [e["iter"] for e in read_metrics(cut, "eval")] == [0, 20, 40, 60]
 
 
-def test_sigint_saves_a_checkpoint_and_exits_0(data_dir, tmp_path, capsys):
+def test_sigint_saves_a_checkpoint_and_exits_0(data_dir, tmp_path, capsys, default_sigint):
     out = tmp_path / "out"
 
     def interrupt():

@@ -18,11 +18,14 @@ import os
 import shutil
 from pathlib import Path
 
-from gptkit.errors import UserError
+from safetensors import SafetensorError
+
+from gptkit.errors import RunFailed, UserError
 from gptkit.interop.hf_gpt2 import export_gpt2, gpt2_mismatches
 from gptkit.interop.hf_llama import export_llama, llama_mismatches
 from gptkit.interop.hf_tokenizer import write_tokenizer
 from gptkit.loading import load_model
+from gptkit.paths import claim_output, shown, temp_path
 
 
 def hf_architecture(config):
@@ -49,22 +52,13 @@ def load_source(source, data_dir="data"):
     return load_model(ckpt=path, data_dir=data_dir)
 
 
-def check_destination(dest):
-    dest = Path(dest)
-    if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
-        raise UserError(f"{dest} already exists and is not an empty folder: choose a new DEST or remove it")
-    if not dest.parent.is_dir():
-        raise UserError(f"cannot write {dest}: the folder {dest.parent} does not exist")
-    return dest
-
-
 def export_hf(source, dest, data_dir="data"):
     """Write the model in `source` and its tokenizer as a Hugging Face folder `dest`;
     returns a one-line summary."""
-    dest = check_destination(dest)
+    dest = claim_output(dest, "folder", what="DEST")  # new or empty; convert.py checked it before loading too
     model, tokenizer, summary = load_source(source, data_dir)
     architecture = hf_architecture(model.config)  # before anything is written
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    tmp = temp_path(dest)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
@@ -76,6 +70,10 @@ def export_hf(source, dest, data_dir="data"):
         if dest.exists():
             dest.rmdir()  # empty, checked above
         os.replace(tmp, dest)
+    except (OSError, SafetensorError) as e:  # a full disk (safetensors says "I/O error"): the environment failed
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise RunFailed(f"could not write {shown(dest)}: {reason} (nothing was left behind)")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -72,18 +72,20 @@ def train_bpe(texts, vocab_size):
 def tokenizer_from_path(path):
     """The BPETokenizer in a dataset folder (its meta.json), an out_dir (best.pt or
     ckpt.pt), a checkpoint file, or a tokenizer.json file; UserError if none is there."""
-    from gptkit.checkpoint import load_checkpoint
-    from gptkit.tokenizer import BPE_FORMAT, embed_bpe_file
+    from gptkit.tokenizer import BPE_FORMAT, MAX_BPE_FILE_BYTES, embed_bpe_file
+    from gptkit.untrusted import inside, read_regular, regular_size
 
     path = Path(path)
     if not path.exists():
         raise UserError(f"--tokenizer_from {path} does not exist")
     if path.is_dir():
-        if (path / "meta.json").is_file():
+        if os.path.lexists(path / "meta.json"):
             import json
 
             try:
-                meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+                raw = read_regular(inside(path, "meta.json", f"--tokenizer_from {path}/meta.json"), MAX_BPE_FILE_BYTES,
+                                   f"--tokenizer_from {path}/meta.json")
+                meta = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise UserError(f"--tokenizer_from {path}: its meta.json is not valid JSON ({e})")
             return _bpe_only(meta.get("tokenizer") if isinstance(meta, dict) else None, path, embed_bpe_file)
@@ -94,11 +96,15 @@ def tokenizer_from_path(path):
                 f"{BPE_FILE}), an out_dir with best.pt or ckpt.pt, a checkpoint file or a {BPE_FILE}"
             )
         path = found
+    # The user named this path: a link to a file is fine, a FIFO (which would block forever) or device is not.
+    regular_size(path.resolve(), f"--tokenizer_from {path}")
     if path.suffix == ".json":
-        text = path.read_bytes().decode("utf-8", "replace")
+        text = read_regular(path.resolve(), MAX_BPE_FILE_BYTES, f"--tokenizer_from {path}").decode("utf-8", "replace")
         if BPE_FORMAT not in text[:200]:
             raise UserError(f"--tokenizer_from {path} is not a {BPE_FILE} written by prepare.py")
         return BPETokenizer.from_json(text, str(path))
+    from gptkit.checkpoint import load_checkpoint
+
     ckpt = load_checkpoint(path)  # refuses pickled code; UserError for a damaged file
     return _bpe_only(ckpt.get("tokenizer") if isinstance(ckpt, dict) else None, path, None)
 

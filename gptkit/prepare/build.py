@@ -11,6 +11,11 @@ and counts characters (and collects the character vocabulary), the second
 tokenizes it on all cores and appends to the bins. With `--tokenizer bpe` a pass
 in between trains the BPE on the training split (gptkit/prepare/bpe.py), and
 tokenizer.json goes beside the bins. `prepare.py` is the command.
+
+Before any of that, the dataset folder is claimed (gptkit/paths.py: writable, a
+name the system takes) and locked; a stream input (a pipe, `<(...)`, `-`) can be
+read only once, so it is first copied into a temporary file there, which the
+passes then read (and which is removed at the end, or by the next run if killed).
 """
 
 import hashlib
@@ -29,9 +34,10 @@ from gptkit.errors import UserError
 from gptkit.lock import LOCK_NAME, FolderLock, fsync_dir, remove_stale_temps
 from gptkit.prepare.encode import CHUNK_CHARS, any_cut, build_tasks, dtype_for, encode_task, gpt2_cut, make_pool, ordered_map
 from gptkit.prepare.shakespeare import TMP_MARK, shakespeare_input
-from gptkit.prepare.sources import iter_documents, resolve_inputs
+from gptkit.paths import claim_output
+from gptkit.prepare.sources import iter_documents, resolve_inputs, spool_streams
 from gptkit.prepare.split import plan_split, scan_inputs
-from gptkit.tokenizer import BPE_FILE, GPT2_EOT_ID
+from gptkit.tokenizer import BPE_FILE, GPT2_EOT_ID, load_gpt2_encoding
 
 FORMAT_VERSION = 1
 TOKENIZERS = ("char", "gpt2", "bpe")
@@ -187,21 +193,33 @@ def prepare_dataset(
     if errors not in ("strict", "replace"):
         raise UserError(f"--errors must be 'strict' or 'replace', got {errors!r}")
     workers = default_workers() if workers is None else max(1, int(workers))
+    # The destination before any input is read: a folder that cannot be written fails now,
+    # not after the scan and the BPE training.
+    folder = claim_output(Path(out_dir) / name, "folder", overwrite=True, what="the dataset folder (--data_dir/--name)")
     sources = resolve_inputs([str(p) for p in inputs])
     shown = ", ".join(str(p) for p in inputs)
-    total_bytes = sum(os.path.getsize(s.path) for s in sources)
-    if total_bytes < 2 * chunk_chars:
-        workers = 1  # starting processes would cost more than it saves
+    if tokenizer == "gpt2":
+        load_gpt2_encoding()  # here, in one process: offline without tiktoken's files is one clear line
 
-    folder = Path(out_dir) / name
-    init = ("gpt2", None, dtype_for(GPT2_VOCAB_SIZE), GPT2_EOT_ID)
-    pool = None if tokenizer == "bpe" else make_pool(workers, ("charset",) if tokenizer == "char" else init)
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # made by the lock, removed on failure
+    lock = FolderLock(folder, "prepare.py", "use another --name").acquire()  # one writer per dataset folder
+    tag = f"{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    pool, copies = None, []
     try:
+        remove_stale_temps(folder)
+        # A pipe or standard input can be read once; the passes below read the input two or
+        # three times, so such a stream is first copied (once) into the dataset folder.
+        sources, copies = spool_streams(sources, folder, tag)
+        total_bytes = sum(os.path.getsize(s.path) for s in sources)
+        if total_bytes < 2 * chunk_chars:
+            workers = 1  # starting processes would cost more than it saves
+        init = ("gpt2", None, dtype_for(GPT2_VOCAB_SIZE), GPT2_EOT_ID)
+        pool = None if tokenizer == "bpe" else make_pool(workers, ("charset",) if tokenizer == "char" else init)
         with progress_bar(progress, total_bytes, "scan") as bar:
             scan = scan_inputs(sources, errors, tokenizer == "char", pool, workers, bar)
         rule, make_segments = plan_split(scan, val_fraction, shown)
         if tokenizer == "bpe":
-            if bpe is None:  # before the folder exists: a corpus too small leaves nothing behind
+            if bpe is None:
                 bpe = train_on_train_split(sources, errors, make_segments, vocab_size, chunk_chars, progress, total_bytes)
             vocab_size = bpe.vocab_size
             pool = make_pool(workers, ("bpe", None, dtype_for(vocab_size), bpe.eot_id, bpe.to_json()))
@@ -213,26 +231,22 @@ def prepare_dataset(
             pool = make_pool(workers, ("char", scan.chars, dtype_for(vocab_size), None))
         else:
             vocab_size = GPT2_VOCAB_SIZE
-        created = not folder.exists()
-        lock = FolderLock(folder, "prepare.py", "use another --name").acquire()  # one writer per dataset folder
-        try:
-            remove_stale_temps(folder)
-            with progress_bar(progress, total_bytes, "tokenize") as bar:
-                meta = write_dataset(
-                    folder, make_segments, sources, errors, tokenizer, scan, rule, pool, workers, chunk_chars, bar, bpe
-                )
-        except BaseException:
-            lock.release()
-            if created:
-                (folder / LOCK_NAME).unlink(missing_ok=True)
-                if not any(folder.iterdir()):
-                    folder.rmdir()  # leave no trace of a run that wrote nothing
-            raise
+        with progress_bar(progress, total_bytes, "tokenize") as bar:
+            meta = write_dataset(
+                folder, make_segments, sources, errors, tokenizer, scan, rule, pool, workers, chunk_chars, bar, bpe
+            )
+    except BaseException:
+        _clean_up(pool, copies)
         lock.release()
-    finally:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
+        if created:
+            (folder / LOCK_NAME).unlink(missing_ok=True)
+            for made in created:  # leave no trace of a run that wrote nothing
+                if any(made.iterdir()):
+                    break
+                made.rmdir()
+        raise
+    _clean_up(pool, copies)
+    lock.release()
     if progress:
         n = meta["num_tokens"]
         print(
@@ -241,6 +255,14 @@ def prepare_dataset(
             file=sys.stderr,
         )
     return folder
+
+
+def _clean_up(pool, copies):
+    if pool is not None:
+        pool.terminate()
+        pool.join()
+    for copy in copies:
+        copy.unlink(missing_ok=True)
 
 
 def check_bpe_settings(tokenizer, vocab_size, tokenizer_from):
@@ -285,6 +307,6 @@ def check_dataset_name(name):
 def prepare_named_dataset(name, out_dir="data", input_path=None, *, workers=None, progress=True):
     """Prepare a named dataset (shakespeare_char, shakespeare) into out_dir/name; return the folder."""
     check_dataset_name(name)
-    folder = Path(out_dir) / name
-    path = shakespeare_input(folder, input_path)
+    folder = claim_output(Path(out_dir) / name, "folder", overwrite=True, what="the dataset folder (--data_dir)")
+    path = shakespeare_input(folder, input_path)  # may download into the folder
     return prepare_dataset([path], NAMED_DATASETS[name], name, out_dir, workers=workers, progress=progress)

@@ -14,6 +14,8 @@ from collections import deque
 
 import numpy as np
 
+from gptkit.errors import UserError
+
 CHUNK_CHARS = 1 << 20  # ~1 MB of text per task: ~0.2 s of BPE, so pickling costs are noise
 MAX_CODE_POINT = 0x10FFFF
 
@@ -54,6 +56,23 @@ def init_worker(kind, chars=None, dtype="uint16", eot_id=None, bpe_json=None):
         _worker["lut"] = lut
 
 
+def init_pool_worker(*init_args):
+    """init_worker for a pool process, which must not fail: multiprocessing would start
+    a new worker for the failed one, again and again, each printing its traceback. The
+    reason is kept instead, and the worker's first task raises it (one line, in the parent)."""
+    try:
+        init_worker(*init_args)
+    except Exception as e:  # e.g. tokenizer files missing offline, or an import error
+        _worker.clear()
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        _worker["error"] = reason if isinstance(e, UserError) else f"{type(e).__name__}: {reason}"
+
+
+def _check_worker():
+    if "error" in _worker:
+        raise UserError(f"a tokenizer process could not start: {_worker['error']}")
+
+
 def encode_text(text):
     """Token ids of one piece of text as a numpy array of the bins' dtype."""
     if _worker["kind"] == "char":
@@ -64,6 +83,7 @@ def encode_text(text):
 
 def encode_task(task):
     """(train bytes, val bytes, characters done) for a list of (split, text, append_eot) pieces."""
+    _check_worker()
     parts = {"train": [], "val": []}
     eot = np.array([_worker["eot_id"]], dtype=_worker["dtype"]) if _worker["eot_id"] is not None else None
     for split, text, append_eot in task:
@@ -77,6 +97,7 @@ def encode_task(task):
 
 def charset_task(text):
     """The sorted distinct code points of `text`."""
+    _check_worker()
     seen = np.zeros(MAX_CODE_POINT + 1, dtype=bool)
     seen[code_points(text)] = True
     return np.flatnonzero(seen)
@@ -182,7 +203,7 @@ def make_pool(workers, init_args):
     if workers <= 1:
         init_worker(*init_args)
         return None
-    return multiprocessing.get_context("spawn").Pool(workers, initializer=init_worker, initargs=init_args)
+    return multiprocessing.get_context("spawn").Pool(workers, initializer=init_pool_worker, initargs=init_args)
 
 
 def ordered_map(pool, fn, items, workers):

@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from gptkit.checkpoint import write_text_atomic
-from gptkit.errors import RunFailed, UserError
+from gptkit.errors import RunFailed, UserError, first_line
 
 
 def format_duration(seconds):
@@ -289,5 +289,4 @@ def start_wandb(cfg, run_config):
     try:
         return wandb.init(project=project, name=name, config=run_config)
     except Exception as e:  # network, permissions, a bad key: wandb's own errors vary by version
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"could not start wandb ({type(e).__name__}: {first[:300]}): fix it, or --wandb_log=false")
+        raise UserError(f"could not start wandb ({type(e).__name__}: {first_line(e)}): fix it, or --wandb_log=false")

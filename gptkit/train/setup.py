@@ -24,22 +24,27 @@ import torch
 
 from gptkit import dataset
 from gptkit import faults
+from gptkit import fused
 from gptkit import lora
 from gptkit import scoring
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.device import resolve_device, training_dtype
-from gptkit.errors import UserError
+from gptkit.errors import UserError, first_line
+from gptkit.interop.hf_gpt2 import HUB_NAMES
 from gptkit.loading import adapted_model, load_base
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
+from gptkit.paths import claim_output
 from gptkit.tokenizer import tokenizer_from_dict
 from gptkit.train import distributed
 from gptkit.train import fsdp
 from gptkit.train import optim
 from gptkit.train import sharded
-from gptkit.train.run_state import RunState, set_rng_state
+from gptkit.train.run_state import RunState, check_loop_state, set_rng_state
 from model import GPT, GPTConfig
 
 FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
+MAX_MICRO_BATCH_TOKENS = 2**31  # beyond int32 indexing, and beyond any machine's memory for activations
+MAX_EVAL_WINDOWS = 10_000_000  # their start offsets alone would take 80 MB
 
 
 @dataclasses.dataclass
@@ -84,6 +89,8 @@ def start(model_cfg, cfg, dist, dev):
         for warning in optim.schedule_warnings(cfg):
             print(f"warning: {warning}")
     raw_model.to(dev.name)
+    if dev.type == "cpu" and dev.dtype == torch.float32:  # hand-written backward for RMSNorm, ReLU² (gptkit/fused.py)
+        fused.apply(raw_model)
     if cfg.activation_checkpointing:
         fsdp.checkpoint_blocks(raw_model)
     return meta, raw_model, model_cfg, ckpt
@@ -129,8 +136,7 @@ def resume(ckpt, raw_model, optimizers, scaler, cfg, dist, dev):
     set_rng_state(rng, dev.name)
     state = RunState.from_checkpoint(ckpt)
     if dist.is_main:
-        source = ckpt["sharded"] if "sharded" in ckpt else out_dir / "ckpt.pt"
-        print(f"resumed from {source} at iteration {state.iter_num} (best val loss {state.best_val_loss:.4f})")
+        print(f"resumed from {checkpoint_source(ckpt, out_dir)} at iteration {state.iter_num} (best val loss {state.best_val_loss:.4f})")
     return state
 
 
@@ -186,9 +192,6 @@ def eval_byte_lengths(meta, device):
         print(f"warning: evaluations will show no bits per byte: {e}")
         return None
 
-MAX_MICRO_BATCH_TOKENS = 2**31  # beyond int32 indexing, and beyond any machine's memory for activations
-MAX_EVAL_WINDOWS = 10_000_000  # their start offsets alone would take 80 MB
-PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
 
 def init_model(model_cfg, cfg, meta, out_dir):
@@ -201,21 +204,21 @@ def init_model(model_cfg, cfg, meta, out_dir):
         saved = GPTConfig(**ckpt["model_config"])
         if ckpt.get("tokenizer") != meta["tokenizer"] or saved.vocab_size != meta["vocab_size"]:
             raise UserError(
-                f"vocabulary mismatch: {out_dir}/ckpt.pt was trained with a {describe_vocab(ckpt.get('tokenizer'), saved.vocab_size)} "
+                f"vocabulary mismatch: {checkpoint_source(ckpt, out_dir)} was trained with a {describe_vocab(ckpt.get('tokenizer'), saved.vocab_size)} "
                 f"vocabulary, but dataset {cfg.dataset} has a {describe_vocab(meta['tokenizer'], meta['vocab_size'])} one: "
                 "resume on the checkpoint's dataset (--dataset) or start a new out_dir"
             )
         if ckpt.get("data_fingerprint") != meta.get("fingerprint"):
-            print(f"warning: dataset {cfg.dataset} differs from the one {out_dir}/ckpt.pt was trained on (fingerprint changed)")
+            print(f"warning: dataset {cfg.dataset} differs from the one {checkpoint_source(ckpt, out_dir)} was trained on (fingerprint changed)")
         differing = [f.name for f in dataclasses.fields(GPTConfig) if f.name not in ("vocab_size", "dropout") and getattr(saved, f.name) != getattr(model_cfg, f.name)]
         if differing:
             print(f"note: resuming keeps the checkpoint's model settings; ignoring {', '.join(differing)}")
         model_cfg = dataclasses.replace(saved, dropout=model_cfg.dropout)
-        bad = non_finite_tensors(ckpt, f"{out_dir}/ckpt.pt")
+        bad = non_finite_tensors(ckpt, str(checkpoint_source(ckpt, out_dir)))
         if bad:
             raise UserError(f"{bad[0]} holds NaN or inf: this checkpoint cannot be resumed; start again or use another")
         if ckpt.get("lora") is not None:  # adapters only: the base comes from where the run recorded it
-            model = adapted_model(ckpt["lora"], ckpt["model"], f"{out_dir}/ckpt.pt", saved.block_size,
+            model = adapted_model(ckpt["lora"], ckpt["model"], checkpoint_source(ckpt, out_dir), saved.block_size,
                                   dropout=model_cfg.dropout, lora_dropout=cfg.lora_dropout)
             spec = model.lora_spec
             if (cfg.lora_rank, cfg.lora_alpha, lora.parse_targets(cfg.lora_targets)) != (spec["rank"], spec["alpha"], tuple(spec["targets"])):
@@ -225,7 +228,7 @@ def init_model(model_cfg, cfg, meta, out_dir):
         if "model" in ckpt:  # a sharded checkpoint's weights load after sharding (train.py)
             model.load_state_dict(ckpt["model"])
         return model, model_cfg, ckpt
-    if cfg.init_from in PRETRAINED or Path(cfg.init_from).exists():
+    if cfg.init_from in HUB_NAMES or Path(cfg.init_from).exists():
         is_file = Path(cfg.init_from).is_file()
         if not is_file and meta["tokenizer"].get("type") != "gpt2":
             raise UserError(
@@ -246,14 +249,19 @@ def init_model(model_cfg, cfg, meta, out_dir):
             model.lora_spec["base"] = base
         return model, model.config, None
     raise UserError(
-        f"init_from={cfg.init_from!r} is not scratch, resume, {', '.join(PRETRAINED)}, an existing folder or a checkpoint file"
+        f"init_from={cfg.init_from!r} is not scratch, resume, {', '.join(HUB_NAMES)}, an existing folder or a checkpoint file"
     )
 
 
 def base_location(init_from):
     """Where a LoRA run finds its base again: a hub name as given, a folder or file as
     an absolute path (sample.py may run from another working directory)."""
-    return init_from if init_from in PRETRAINED and not Path(init_from).exists() else str(Path(init_from).resolve())
+    return init_from if init_from in HUB_NAMES and not Path(init_from).exists() else str(Path(init_from).resolve())
+
+
+def checkpoint_source(ckpt, out_dir):
+    """The file or folder a resumed checkpoint was read from, for messages."""
+    return ckpt["sharded"] if "sharded" in ckpt else Path(out_dir) / "ckpt.pt"
 
 
 def _resume_checkpoint(out_dir):
@@ -286,8 +294,7 @@ class Forward:
                 self._fall_back(e)
 
     def _fall_back(self, e):
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"warning: torch.compile failed ({type(e).__name__}: {first[:300]}); continuing without compile", file=sys.stderr)
+        print(f"warning: torch.compile failed ({type(e).__name__}: {first_line(e)}); continuing without compile", file=sys.stderr)
         self.compiled = None
 
     def __call__(self, x, y):
@@ -334,9 +341,8 @@ class OutDir:
     RUN_FILES = ("ckpt.pt", "best.pt", "metrics.jsonl", "config.json")
 
     def __init__(self, cfg):
-        self.path = Path(cfg.out_dir)
-        if self.path.exists() and not self.path.is_dir():
-            raise UserError(f"out_dir {self.path} exists and is not a folder: choose another --out_dir")
+        # A folder (not a file), writable, with a name the system takes: else one line now.
+        self.path = claim_output(cfg.out_dir, "folder", overwrite=True, what="out_dir")
         self.created = not self.path.exists()
         try:
             self.lock = FolderLock(self.path, "training run", "use another --out_dir").acquire()
@@ -409,10 +415,8 @@ def check_resumable(ckpt, optimizers, out_dir, cfg):
         if ckpt["config"].get("optimizer") != cfg.optimizer:
             raise UserError(f"{ckpt['sharded']} was trained with optimizer={ckpt['config'].get('optimizer')}: resume with --optimizer as before")
     elif cfg.parallel == "ddp" and (not isinstance(ckpt.get("optimizer"), list) or len(ckpt["optimizer"]) != len(optimizers)):
-        raise UserError(f"{out_dir}/ckpt.pt was trained with a different optimizer setting: resume with --optimizer as before")
-    for key, kind in (("iter_num", int), ("best_val_loss", float), ("val_loss", float), ("rng", dict)):
-        if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
-            raise UserError(f"{out_dir}/ckpt.pt: its {key!r} is {type(ckpt.get(key)).__name__}, not {kind.__name__}: it is damaged or not ours")
+        raise UserError(f"{checkpoint_source(ckpt, out_dir)} was trained with a different optimizer setting: resume with --optimizer as before")
+    check_loop_state(ckpt, checkpoint_source(ckpt, out_dir))
 
 
 def check_batch_sizes(model_cfg, cfg):

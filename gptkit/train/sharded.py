@@ -20,6 +20,14 @@ a checkpoint saved by W ranks loads on any number of ranks (also one process
 without torchrun, or DDP). The dropout streams are then new ones (each rank
 draws its own), so such a resume is close to, not equal to, the original run.
 
+Verified on every load (open_checkpoint, the one loader for every reader: resume,
+convert.py; the checks are in shard_checks.py): run.json records each
+file's size and SHA-256, and a load refuses, in one line, any folder whose files
+differ, whose .metadata does not cover every tensor exactly once, that holds a
+FIFO, link or extra file, or whose run.json has a field of the wrong type. A
+reader gets one whole save even while a run is saving: the folder's files are
+opened once and held.
+
 Loading runs no code. DCP (torch 2.13) reads `.metadata` with `pickle.load` and
 any non-tensor value with `torch.load(weights_only=False)`: either would run
 whatever a crafted file asks for. We read `.metadata` with an unpickler that
@@ -28,10 +36,13 @@ non-tensor values with `torch.load(weights_only=True)`; tensors DCP already read
 with weights_only=True. run.json is plain JSON.
 """
 
+import dataclasses
 import json
 import os
 import pickle
 import shutil
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -42,6 +53,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
@@ -55,11 +67,12 @@ from gptkit.checkpoint import non_finite_tensors, save_checkpoint
 from gptkit.lock import fsync_dir
 from gptkit.errors import PeerFailed, RunFailed, UserError
 from gptkit.train import distributed
-from gptkit.train.run_state import rng_state
+from gptkit.train.run_state import RunState, rng_from_json, rng_state, rng_to_json
+from gptkit.train.shard_checks import METADATA_FILE, RUN_FILE, Changed, Snapshot, file_record, open_snapshot
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: run.json records each file's size and SHA-256
 FOLDER, TEMP, OLD = "ckpt", ".ckpt.tmp", ".ckpt.old"
-RUN_FILE = "run.json"
+OPEN_ATTEMPTS = 5  # a reader racing a save that swaps the folder retries this often
 
 
 # ---- saving -------------------------------------------------------------------------
@@ -99,10 +112,11 @@ def save(kind, out_dir, model, optimizers, info, device, d):
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=FileSystemWriter(tmp, sync_files=True))
         faults.maybe_exit_during_save()
+        files = _file_records(tmp, d)
         if d.is_main:
             # No GradScaler under FSDP: it trains in bf16 or fp32 (fsdp.check_settings).
             run = {"format_version": FORMAT_VERSION, "world_size": d.world_size, **info,
-                   "scaler": None, "rng": {**rngs[0], "per_rank": rngs}}
+                   "scaler": None, "rng": {**rngs[0], "per_rank": rngs}, "files": files}
             _write_json(tmp / RUN_FILE, run)  # last: its presence marks a whole checkpoint
             fsync_dir(tmp)
             if not folder.exists() and is_complete(old):  # a save died between its renames
@@ -118,6 +132,16 @@ def save(kind, out_dir, model, optimizers, info, device, d):
             shutil.rmtree(tmp, ignore_errors=True)
         raise RunFailed(f"could not write the sharded checkpoint {folder}: {_describe(_causes(e)[0])} (the previous checkpoint is intact)")
     distributed.barrier(d)  # no rank goes on (or resumes) before the rename
+
+
+def _file_records(tmp, d):
+    """Size and SHA-256 of every file DCP wrote, for run.json: each rank hashes every
+    world_size-th shard (read back from the page cache), rank 0 also .metadata."""
+    shards = sorted(name for name in os.listdir(tmp) if name != METADATA_FILE)
+    mine = {name: file_record(tmp / name) for name in shards[d.rank::d.world_size]}
+    if d.is_main:
+        mine[METADATA_FILE] = file_record(tmp / METADATA_FILE)
+    return {name: record for part in distributed.gather_objects(mine, d) for name, record in part.items()}
 
 
 def local_tensors(model, optimizers):
@@ -141,30 +165,12 @@ def _write_json(path, obj):
         os.fsync(f.fileno())
 
 
-def rng_to_json(state):
-    """run_state.rng_state(...) with its tensors as lists of ints (JSON)."""
-    return {
-        "torch": state["torch"].tolist(),
-        "cuda": [s.tolist() for s in state["cuda"]],
-        "python": [state["python"][0], list(state["python"][1]), state["python"][2]],
-        "numpy": {**state["numpy"], "keys": state["numpy"]["keys"].tolist()},
-    }
-
-
-def rng_from_json(obj):
-    return {
-        "torch": torch.tensor(obj["torch"], dtype=torch.uint8),
-        "cuda": [torch.tensor(s, dtype=torch.uint8) for s in obj["cuda"]],
-        "python": (obj["python"][0], tuple(obj["python"][1]), obj["python"][2]),
-        "numpy": {**obj["numpy"], "keys": torch.tensor(obj["numpy"]["keys"], dtype=torch.int64)},
-    }
-
-
 # ---- finding and loading ------------------------------------------------------------
 
 
 def is_complete(folder):
-    return (Path(folder) / RUN_FILE).is_file() and (Path(folder) / ".metadata").is_file()
+    """Both files a save writes last are there (of whatever kind: open_checkpoint checks)."""
+    return os.path.lexists(Path(folder) / RUN_FILE) and os.path.lexists(Path(folder) / METADATA_FILE)
 
 
 def find(out_dir):
@@ -179,39 +185,57 @@ def mtime(folder):
     return (Path(folder) / RUN_FILE).stat().st_mtime
 
 
+def open_checkpoint(path):
+    """The verified sharded checkpoint at `path` (a checkpoint folder, or an out_dir
+    holding ckpt/): a Snapshot whose files are held open and checked, or one UserError
+    naming the file and what is wrong with it. Every loader goes through here.
+
+    A save that replaces the folder while we open it is waited out (a few tries);
+    under torchrun each rank hashes its share of the shard files."""
+    path = Path(path)
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    for attempt in range(OPEN_ATTEMPTS):
+        folder = path if is_complete(path) else find(path)
+        if folder is None:
+            raise UserError(f"{path} holds no complete sharded checkpoint (a folder with {METADATA_FILE} and {RUN_FILE})")
+        try:
+            return open_snapshot(folder, rank, world_size, note=lambda line: print(line, file=sys.stderr))
+        except Changed:
+            time.sleep(0.05 * (attempt + 1))
+    raise UserError(f"{path} kept changing while it was read (a run is saving into it): try again, or stop that run")
+
+
 def read_run(folder):
-    """run.json as the dict train.py resumes from (RNG states as tensors again)."""
-    path = Path(folder) / RUN_FILE
-    try:
-        run = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path} is not a complete sharded checkpoint: {type(e).__name__}: {e}")
-    if not isinstance(run, dict) or run.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{path} has format_version {run.get('format_version') if isinstance(run, dict) else '?'}; "
-                        f"this code reads version {FORMAT_VERSION}")
-    run["rng"] = {**rng_from_json(run["rng"]), "per_rank": [rng_from_json(r) for r in run["rng"]["per_rank"]]}
-    run["sharded"] = str(folder)
+    """run.json of the verified checkpoint at `folder`, as the dict train.py resumes
+    from (RNG states as tensors again); run["sharded"] is the Snapshot to load from."""
+    snapshot = open_checkpoint(folder)
+    run = dict(snapshot.run)
+    rng = run["rng"]
+    run["rng"] = {**rng_from_json(rng), "per_rank": [rng_from_json(r) for r in rng["per_rank"]]}
+    run["sharded"] = snapshot
     return run
 
 
-def load_into(folder, model, optimizers):
-    """Fill `model` (sharded or not) and `optimizers` from a sharded checkpoint.
+def load_into(checkpoint, model, optimizers):
+    """Fill `model` (sharded or not) and `optimizers` from a sharded checkpoint (a
+    Snapshot from open_checkpoint, or a path to open).
 
     Collective when a process group exists (every rank reads the pieces it
     needs); a single process reads everything (no_dist)."""
     model_sd, optim_sd = get_state_dict(model, optimizers)
     state = {"model": model_sd, "optim": optim_sd}
-    load_state(folder, state)
+    load_state(checkpoint, state)
     set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
-def load_state(folder, state):
-    """dcp.load into `state` (in place) through the safe reader and planner below;
-    every failure becomes a UserError naming the folder."""
+def load_state(checkpoint, state):
+    """dcp.load into `state` (in place) from the verified checkpoint, through the safe
+    reader and planner below; every failure becomes a UserError naming the folder."""
+    snapshot = checkpoint if isinstance(checkpoint, Snapshot) else open_checkpoint(checkpoint)
     try:
         with warnings.catch_warnings():  # loading in one process is what we asked for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(),
+            dcp.load(state, storage_reader=SafeReader(snapshot), planner=SafeLoadPlanner(),
                      no_dist=not (dist.is_available() and dist.is_initialized()))
     except UserError:
         raise
@@ -220,7 +244,7 @@ def load_state(folder, state):
         for error in causes:
             if isinstance(error, UserError):
                 raise error
-        raise UserError(f"could not load the sharded checkpoint {folder}: {_describe(causes[0])} "
+        raise UserError(f"could not load the sharded checkpoint {snapshot}: {_describe(causes[0])} "
                         "(was it saved with other model or optimizer settings, or is it damaged?)")
 
 
@@ -269,51 +293,28 @@ def load_full_optimizer_state(model, optimizers, by_name):
     set_optimizer_state_dict(model, optimizers, by_name, options=StateDictOptions(full_state_dict=True))
 
 
-# Everything DCP's .metadata (torch 2.13) names: its own dataclasses, torch's sizes,
-# dtypes, layouts and memory formats, and the path it was saved to. Each is a plain
-# value or a constructor that only stores its arguments; nothing here (no getattr,
-# no eval, no os) can reach a function with side effects.
-_METADATA_CLASSES = {
-    ("torch.distributed.checkpoint.metadata", name)
-    for name in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-                 "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.serialization", "_get_layout"),  # looks a layout up by name in a table
-    ("torch", "Size"), ("torch", "device"), ("collections", "OrderedDict"),
-    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath"),
-}
+class _HeldFiles(FileSystem):
+    """DCP's file system, reading a Snapshot's open files instead of opening paths."""
 
+    def __init__(self, snapshot):
+        self.snapshot = snapshot
 
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
-        if (module, name) not in _METADATA_CLASSES and not is_dtype:
-            raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed in a checkpoint's .metadata")
-        return super().find_class(module, name)
+    def create_stream(self, path, mode):
+        return self.snapshot.stream(Path(path).name)
 
 
 class SafeReader(FileSystemReader):
-    """FileSystemReader whose .metadata is unpickled with the allow-list above."""
+    """FileSystemReader over a verified Snapshot: its checked .metadata and its held files."""
+
+    def __init__(self, snapshot):
+        super().__init__(snapshot.folder)
+        self.snapshot = snapshot
+        self.fs = _HeldFiles(snapshot)
 
     def read_metadata(self, *args, **kwargs):
-        rank = kwargs.get("rank")
-        path = Path(self.path) / (".metadata" if rank is None else f"__{rank}.metadata")
-        try:
-            with open(path, "rb") as f:
-                metadata = _MetadataUnpickler(f).load()
-        except pickle.UnpicklingError as e:
-            raise UserError(f"refusing to load {path}: {e} (it could run code)")
-        except (OSError, EOFError, ValueError, AttributeError, ImportError, TypeError) as e:
-            raise UserError(f"{path} is not a complete sharded checkpoint: {type(e).__name__}: {e}")
-        from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+        from torch.distributed.checkpoint.metadata import StorageMeta
 
-        if not isinstance(metadata, Metadata):
-            raise UserError(f"{path} does not hold DCP metadata (found {type(metadata).__name__})")
-        for info in (metadata.storage_data or {}).values():
-            name = getattr(info, "relative_path", "")
-            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-                raise UserError(f"refusing to load {path}: it points outside its folder ({name!r})")
+        metadata = self.snapshot.metadata
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -346,21 +347,24 @@ def sharded_to_single(src, dest):
 
     The result is what a DDP or one-device run saves: it resumes with
     --init_from=resume and samples with sample.py. Runs in one process."""
+    save_checkpoint(read_as_single(src), dest)
+    return Path(dest)
+
+
+def read_as_single(src):
+    """A sharded checkpoint (out_dir or out_dir/ckpt/) as the dict a one-file ckpt.pt
+    holds, read as resume reads it (read_run, load_into); for sample.py and eval.py too."""
     from types import SimpleNamespace
 
     from gptkit.train import optim
     from model import GPT, GPTConfig
 
-    src = Path(src)
-    folder = src if is_complete(src) else find(src)
-    if folder is None:
-        raise UserError(f"{src} holds no complete sharded checkpoint (a folder with .metadata and {RUN_FILE})")
-    run = read_run(folder)
+    run = read_run(src)
     model = GPT(GPTConfig(**run["model_config"]))
     optimizers = optim.make_optimizers(model, SimpleNamespace(**run["config"]), "cpu")
-    load_into(folder, model, optimizers)
-    keep = ("model_config", "tokenizer", "config", "iter_num", "best_val_loss", "val_loss", "last_eval_iter",
-            "train_time_s", "data_fingerprint", "dataset", "provenance", "scaler")
+    load_into(run["sharded"], model, optimizers)
+    keep = ("model_config", "tokenizer", "config", "data_fingerprint", "dataset", "provenance", "scaler",
+            *(f.name for f in dataclasses.fields(RunState)))
     rng = run["rng"]
     obj = {
         "format_version": 1,
@@ -370,5 +374,4 @@ def sharded_to_single(src, dest):
         "rng": {**{k: v for k, v in rng.items() if k != "per_rank"},
                 "per_rank": rng["per_rank"] if len(rng["per_rank"]) > 1 else None},
     }
-    save_checkpoint(obj, dest)
-    return Path(dest)
+    return obj

@@ -205,6 +205,22 @@ def test_tokenizer_from_a_dataset_folder_or_a_tokenizer_file(shakespeare_path, t
         assert train + val == other.read_text()
 
 
+def test_tokenizer_from_refuses_what_is_not_a_regular_file(tmp_path):
+    import os
+
+    (tmp_path / "t.txt").write_text("some text " * 50)
+    os.mkfifo(tmp_path / "tokenizer.json")  # reading it would block forever
+    os.mkfifo(tmp_path / "ckpt.pt")
+    for path in (tmp_path / "tokenizer.json", tmp_path / "ckpt.pt"):
+        with pytest.raises(UserError, match=rf"--tokenizer_from {path} is a FIFO"):
+            prepare_bpe(tmp_path, [tmp_path / "t.txt"], vocab_size=None, tokenizer_from=path)
+    folder = tmp_path / "copied"
+    folder.mkdir()
+    os.mkfifo(folder / "meta.json")
+    with pytest.raises(UserError, match=r"meta.json is a FIFO"):
+        prepare_bpe(tmp_path, [tmp_path / "t.txt"], vocab_size=None, tokenizer_from=folder)
+
+
 def test_more_than_65536_ids_use_uint32_bins(tmp_path):
     # A hand-made byte-level vocabulary of 70,000 ids: every byte, every byte pair, and
     # triples "!" + two bytes, of which "!\x01\x02" (one pre-token: punctuation) gets id 66,050.

@@ -20,7 +20,7 @@ from gptkit.prepare import sources as prepare_sources
 from gptkit.prepare.encode import build_tasks, gpt2_cut
 from gptkit.tokenizer import tokenizer_from_dict
 import prepare
-from repo import REPO
+from repo import REPO, reset_sigint
 
 
 
@@ -263,6 +263,21 @@ def test_bad_jsonl_lines_are_named(tmp_path):
     assert_fails(tmp_path, args, r'd.jsonl, line 2: "text" is a int, not a string')
 
 
+def test_lone_surrogates_in_jsonl_are_named_or_replaced(tmp_path):
+    """JSON can spell a lone surrogate (\\ud800), which is no character: refused with the
+    file, line and character, or replaced under --errors replace; never a traceback later."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "fine text here"}\n{"text": "ab\\ud800cd and more words"}\n')
+    args = ["--input", str(path), "--tokenizer", "char", "--name", "x"]
+    assert_fails(tmp_path, args, r'd.jsonl, line 2: "text" holds a lone surrogate U\+D800 at character 2 .*--errors replace')
+    assert_fails(tmp_path, [*args[:3], "gpt2", *args[4:]], r"d.jsonl, line 2: .* lone surrogate U\+D800")
+    prepare.main(args + ["--out_dir", str(tmp_path / "ok"), "--quiet", "--errors", "replace"])
+    assert "".join(decode_both(tmp_path / "ok" / "x")) == "fine text here" + "ab\ufffdcd and more words"
+    path.write_text('{"text": "a smile \\ud83d\\ude00 is a pair, and fine"}\n{"text": "more text"}\n')
+    prepare.main(args + ["--out_dir", str(tmp_path / "pair"), "--quiet"])
+    assert "\U0001F600" in "".join(decode_both(tmp_path / "pair" / "x"))
+
+
 def test_unknown_tokenizer_and_dataset(tmp_path):
     (tmp_path / "a.txt").write_text("hello world")
     assert_fails(
@@ -297,7 +312,13 @@ def test_download_is_checked_and_cached(shakespeare_path, tmp_path, monkeypatch)
     assert load(tmp_path / "shakespeare_char")[0]["num_tokens"]["val"] == 111540
 
 
-def test_ctrl_c_exits_130_and_writes_nothing(tmp_path, tiktoken_available):
+def ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# "ignored": started as `prepare.py ... &` in a script is; prepare.py must take Ctrl-C back.
+@pytest.mark.parametrize("inherited", [reset_sigint, ignore_sigint], ids=["default", "ignored"])
+def test_ctrl_c_exits_130_and_writes_nothing(tmp_path, tiktoken_available, inherited):
     path = tmp_path / "big.txt"
     path.write_text("The quick brown fox jumps over the lazy dog.\n" * 200_000)  # ~10 s of BPE
     proc = subprocess.Popen(
@@ -319,6 +340,7 @@ def test_ctrl_c_exits_130_and_writes_nothing(tmp_path, tiktoken_available):
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        preexec_fn=inherited,
     )
     deadline = time.monotonic() + 30
     while not list((tmp_path / "out").glob("big/.train.bin.tmp-*")):  # tokenizing has begun

@@ -17,6 +17,7 @@ import torch
 import train
 from gptkit.checkpoint import deferred_interrupts, load_checkpoint, non_finite_tensors
 from gptkit.errors import RunFailed, UserError
+from repo import reset_sigint
 from train_helpers import REPO, read_metrics, run_train_subprocess, subprocess_env, tiny_args, write_char_dataset
 
 
@@ -29,7 +30,7 @@ def data_dir(tmp_path):
 def start_train(args, **env):
     return subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), *args], cwd=REPO, env=subprocess_env(**env),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=reset_sigint,
     )
 
 
@@ -239,7 +240,7 @@ def test_meta_vocab_size_that_disagrees_with_the_tokenizer_is_refused(data_dir, 
 # ---- interrupts ------------------------------------------------------------------------
 
 
-def test_ctrl_c_during_a_save_waits_for_the_file(tmp_path):
+def test_ctrl_c_during_a_save_waits_for_the_file(tmp_path, default_sigint):
     path = tmp_path / "x.txt"
     with pytest.raises(KeyboardInterrupt):
         with deferred_interrupts():

@@ -38,3 +38,38 @@ def test_train_prints_the_note_at_start(tmp_path, capsys):
     write_char_dataset(tmp_path / "data", "wide", text=text)
     train.main(tiny_args(tmp_path / "data", tmp_path / "out", dataset="wide", max_iters=1, eval_interval=1, eval_iters=1))
     assert "are the token embedding and output layer (vocabulary 1,500 x width 32)" in capsys.readouterr().out
+
+
+def test_loop_state_checks_accept_what_runs_save_and_name_what_is_wrong():
+    """One check for one-file and sharded checkpoints: counters and every RNG state."""
+    import pytest
+
+    from gptkit.errors import UserError
+    from gptkit.train.run_state import check_loop_state, rng_state
+
+    rng = rng_state("cpu")
+    good = {"iter_num": 5, "best_val_loss": float("inf"), "val_loss": 2.5, "last_eval_iter": -1, "train_time_s": 3,
+            "rng": {**rng, "per_rank": [{"torch": rng["torch"], "cuda": []}] * 2}}  # DDP's per-rank entries
+    check_loop_state(good, "ckpt.pt")
+    for bad, match in (({"iter_num": True}, "'iter_num' is bool"), ({"val_loss": "2.5"}, "'val_loss' is str"),
+                       ({"rng": {**rng, "torch": rng["torch"][:10]}}, "RNG states are malformed"),
+                       ({"rng": {**rng, "per_rank": [{"torch": torch.zeros(3)}]}}, "RNG states are malformed"),
+                       ({"rng": {**rng, "python": (3, (1, 2), None)}}, "RNG states are malformed")):
+        with pytest.raises(UserError, match=rf"ckpt.pt: its {match}|ckpt.pt: {match}"):
+            check_loop_state({**good, **bad}, "ckpt.pt")
+
+
+def test_start_swaps_in_the_hand_written_backward_on_cpu_float32_only(tmp_path):
+    """The quick start's speed on CPUs depends on set-up applying gptkit/fused.py: a run
+    without it trains the same numbers ~10% slower, so no loss test would notice."""
+    from gptkit import fused
+    from gptkit.train import distributed, setup
+
+    write_char_dataset(tmp_path / "data")
+    model_cfg = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, norm="rmsnorm", mlp="relu2")
+    cfg = train.TrainConfig(data_dir=str(tmp_path / "data"), dataset="tiny", out_dir=str(tmp_path / "out"), device="cpu")
+    for dtype, swapped in ((torch.float32, True), (torch.bfloat16, False)):
+        dev = setup.Device("cpu", dtype, compile=False)
+        _, model, _, _ = setup.start(model_cfg, cfg, distributed.Dist(), dev)
+        kinds = {type(m) for m in model.modules()}
+        assert (fused.FusedRMSNorm in kinds and fused.FusedReLU2 in kinds) == swapped, (dtype, kinds)
