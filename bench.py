@@ -7,6 +7,7 @@
     python bench.py speedrun    # the modern recipe vs nanoGPT's CPU settings (slow)
     python bench.py memory      # memory per rank, DDP vs FSDP, with/without activation checkpointing
     python bench.py vocab       # char vs trained BPEs vs GPT-2 BPE on Tiny Shakespeare (slow)
+    python bench.py lora        # full fine-tuning vs LoRA: peak memory and ms/step, GPT-2 124M and 355M (slow)
     python bench.py all         # prepare, train and sample in one go
 
 Every run first measures this machine's own fp32 matmul rate: on a CPU the best
@@ -35,6 +36,7 @@ SUITES = {
     "speedrun": "benchmarks.bench_speedrun",
     "memory": "benchmarks.bench_memory",
     "vocab": "benchmarks.bench_vocab",
+    "lora": "benchmarks.bench_lora",
 }
 ALL = ["prepare", "train", "sample"]  # speedrun takes ~15 minutes on its own
 RESULTS = Path(__file__).resolve().parent / "benchmarks" / "LOG.md"

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from gptkit import dataset
+from gptkit import lora
 from gptkit import scoring
 from gptkit.checkpoint import write_text_atomic
 from gptkit.config import parse_settings, setting, settings_dict
@@ -70,7 +71,7 @@ class TrainConfig:
     eval_iters: int = setting(200, "batches per split for each loss estimate; 0 = the whole val split (train: 20 random batches)")
     eval_only: bool = setting(False, "evaluate once, print the losses and exit (writes nothing)")
     always_save_checkpoint: bool = setting(True, "save ckpt.pt at every eval; false: only when the val loss improves")
-    init_from: str = setting("scratch", "scratch | resume (out_dir/ckpt.pt) | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a local Hugging Face folder")
+    init_from: str = setting("scratch", "scratch | resume (out_dir/ckpt.pt) | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a local Hugging Face folder | a checkpoint file (fine-tune a run of ours)")
     # logging
     wandb_log: bool = setting(False, "also log to Weights & Biases (WANDB_MODE=offline works without a network)")
     wandb_project: str | None = setting(None, "wandb project name (none: the dataset name)")
@@ -94,6 +95,11 @@ class TrainConfig:
     muon_momentum: float = setting(0.95, "Muon momentum")
     muon_nesterov: bool = setting(True, "Nesterov momentum in Muon")
     muon_ns_steps: int = setting(5, "Newton-Schulz iterations per Muon update (fewer are cheaper and rougher)")
+    # LoRA (docs/lora.md): train small adapters beside a frozen base instead of every weight
+    lora_rank: int = setting(0, "rank R of the LoRA adapters (init_from gpt2, a Hugging Face folder or a checkpoint file); 0 = off, train every weight")
+    lora_alpha: float | None = setting(None, "LoRA scale is lora_alpha / lora_rank; none = the rank (scale 1, as peft's defaults r=8, alpha=8)")
+    lora_dropout: float = setting(0.0, "dropout on each adapter's input (peft's lora_dropout)")
+    lora_targets: str = setting("attn.c_attn", "comma-separated: attn.c_attn (q, k, v) | attn.c_proj | mlp.c_fc | mlp.c_proj | all")
     # schedule
     decay_lr: bool = setting(True, "follow lr_schedule; false = learning_rate at every step, no warmup")
     lr_schedule: str = setting("cosine", "cosine | constant | wsd (warmup, stable, decay)")
@@ -148,8 +154,29 @@ class TrainConfig:
             problems.append(f"cooldown_frac={self.cooldown_frac} must be in [0, 1]")
         if not self.init_from:
             problems.append("init_from must not be empty")
+        problems += self._lora_problems()
         if problems:
             raise ValueError("invalid training settings: " + "; ".join(problems))
+
+    def _lora_problems(self):
+        problems = []
+        if self.lora_rank < 0:
+            problems.append(f"lora_rank={self.lora_rank} must not be negative (0 = no LoRA)")
+        if self.lora_alpha is None and self.lora_rank > 0:
+            self.lora_alpha = float(self.lora_rank)  # scale 1
+        elif self.lora_alpha is not None and (not math.isfinite(self.lora_alpha) or self.lora_alpha <= 0):
+            problems.append(f"lora_alpha={self.lora_alpha} must be a positive number (or none: the rank)")
+        if not 0 <= self.lora_dropout < 1:
+            problems.append(f"lora_dropout={self.lora_dropout} must be in [0, 1)")
+        try:
+            lora.parse_targets(self.lora_targets)
+        except ValueError as e:
+            problems.append(str(e))
+        if self.lora_rank > 0 and self.init_from == "scratch":
+            problems.append("lora_rank > 0 adapts a trained model: set --init_from=gpt2 (or a Hugging Face folder or a checkpoint file)")
+        if self.lora_rank > 0 and self.optimizer == "muon":
+            problems.append("LoRA adapters train with AdamW (as in the LoRA paper and peft): use --optimizer=adamw with lora_rank > 0")
+        return problems
 
 
 def train_step(it, model, raw_model, optimizers, scaler, batches, cfg, dist, autocast, stop):
@@ -278,6 +305,8 @@ def run(model_cfg, cfg, dist, start_time):
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters | world size {dist.world_size} | {dev.name} {settings['dtype']} | compile {dev.compile}")
         if note := embedding_heavy_note(raw_model, cfg.init_from):
             print(note)
+        if lora.is_applied(raw_model):
+            print(lora.summary(raw_model))
     if write and cfg.init_from == "resume":
         logger.trim_metrics(out_dir / "metrics.jsonl", state.iter_num)
     peak_flops = measure_peak(dev.name) if dist.is_main else None

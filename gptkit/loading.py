@@ -1,13 +1,18 @@
 """Find a checkpoint and build the GPT it holds: ours, nanoGPT's, or OpenAI's GPT-2.
 
 Checkpoints load with weights_only=True (gptkit.checkpoint): a file holding
-pickled code is refused before anything in it runs.
+pickled code is refused before anything in it runs. A LoRA run's checkpoint holds
+only its adapters: its base is loaded from where the run recorded it, checked
+against the run's fingerprint of it, and the adapters merged in (gptkit/lora.py),
+so sample.py, eval.py and every convert.py export get one plain GPT.
 """
 
+import dataclasses
 from pathlib import Path
 
 import torch
 
+from gptkit import lora
 from gptkit.checkpoint import FORMAT_VERSION, load_checkpoint, non_finite_tensors
 from gptkit.config import read_config_file
 from gptkit.errors import UserError
@@ -157,6 +162,10 @@ def model_from_checkpoint(ckpt, source, data_dir="data", meta=None):
         model_kwargs = dict(ckpt["model_config"]) if isinstance(ckpt["model_config"], dict) else ckpt["model_config"]
         state = strip_wrapper_prefixes(ckpt["model"])
         described = f"{ckpt['tokenizer'].get('type')} tokenizer"
+        if ckpt.get("lora") is not None:  # adapters only: base + adapters, merged
+            saved = checked_model_config(model_kwargs, source)
+            state = lora.merge(adapted_model(ckpt["lora"], state, source, saved.block_size)).state_dict()
+            described += f", LoRA rank {ckpt['lora']['rank']} on {ckpt['lora']['base']['init_from']}, merged"
         val_loss = ckpt.get("val_loss", ckpt.get("best_val_loss"))
     else:
         keys = ", ".join(sorted(map(str, ckpt))[:8]) or "none"
@@ -196,6 +205,72 @@ def model_from_checkpoint(ckpt, source, data_dir="data", meta=None):
     if val_loss is not None:
         details.append(f"val loss {float(val_loss):.4f}")
     return model, tokenizer, f"loaded {source} ({', '.join(details)})"
+
+
+def load_base(init_from, dropout=0.0):
+    """(GPT, tokenizer description) to fine-tune or to put adapters on: GPT-2 by hub
+    name, a Hugging Face folder, or a checkpoint file of ours (a LoRA run's comes merged)."""
+    from model import GPT  # imported here so `sample.py --help` stays quick
+
+    path = Path(init_from)
+    if path.is_file():
+        model, tokenizer, _ = model_from_checkpoint(read_checkpoint(path), path)
+        if dropout:  # the loaded model never drops out; training may
+            trained = GPT(dataclasses.replace(model.config, dropout=dropout))
+            trained.load_state_dict(model.state_dict())
+            model = trained
+        return model.train(), tokenizer.to_dict()
+    from gptkit.interop.hf_gpt2 import load_gpt2
+
+    return load_gpt2(init_from, dropout=dropout), {"type": "gpt2"}
+
+
+def check_lora_record(record, source):
+    """A checkpoint's `lora` entry, checked before anything is loaded for it."""
+    ok = (isinstance(record, dict) and isinstance(record.get("rank"), int) and record["rank"] > 0
+          and isinstance(record.get("alpha"), (int, float)) and isinstance(record.get("targets"), list)
+          and isinstance(record.get("base"), dict) and isinstance(record["base"].get("init_from"), str)
+          and isinstance(record["base"].get("fingerprint"), str))
+    if not ok:
+        raise UserError(f"{source}: its LoRA settings are incomplete (rank, alpha, targets, base): it is damaged or not ours")
+    try:
+        return lora.parse_targets(",".join(record["targets"]))
+    except ValueError as e:
+        raise UserError(f"{source}: {e}")
+
+
+def lora_base(record, source, dropout=0.0):
+    """The base model a LoRA run's adapters belong to, loaded from where the run
+    recorded it; a missing base, or one whose weights changed since, is a UserError
+    naming the expected and found fingerprints."""
+    where, expected = record["base"]["init_from"], record["base"]["fingerprint"]
+    try:
+        model, _ = load_base(where, dropout)
+    except UserError as e:
+        raise UserError(f"{source} holds LoRA adapters for the base {where}, which cannot be loaded (expected "
+                        f"fingerprint {short(expected)}, found none): {e}")
+    found = lora.fingerprint(model)
+    if found != expected:
+        raise UserError(f"{source} holds LoRA adapters for the base {where}, whose weights have changed since "
+                        f"(expected fingerprint {short(expected)}, found {short(found)}): put the original base back there")
+    return model
+
+
+def short(fingerprint):
+    return fingerprint[: len("sha256:") + 16]
+
+
+def adapted_model(record, adapters, source, block_size, dropout=0.0, lora_dropout=0.0):
+    """The base with the run's adapters applied and loaded (not merged): what a LoRA
+    run resumes from, and, merged, what sample.py and convert.py read."""
+    targets = check_lora_record(record, source)
+    model = lora_base(record, source, dropout)
+    if block_size < model.config.block_size:
+        model.crop_block_size(block_size)  # before apply: cropping makes a new (trainable) wpe
+    lora.apply(model, record["rank"], float(record["alpha"]), lora_dropout, targets)
+    model.lora_spec["base"] = dict(record["base"])
+    lora.load_adapters(model, adapters, source)
+    return model
 
 
 def load_model(init_from="resume", out_dir="out-shakespeare", ckpt=None, data_dir="data", meta=None):

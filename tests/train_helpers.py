@@ -2,6 +2,7 @@
 schema of prepare.py), tiny-model arguments, and running train.py in-process or
 in a subprocess."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -116,3 +117,18 @@ def run_torchrun(args, nproc=2, timeout=300, cwd=None, **env):
          str(REPO / "train.py"), *args],
         cwd=cwd or REPO, env=subprocess_env(**env), capture_output=True, text=True, timeout=timeout,
     )
+
+
+def write_base_checkpoint(path, data_dir):
+    """A tiny char-level checkpoint of ours, the base of a LoRA run (init_from=FILE)."""
+    import torch
+
+    from gptkit.checkpoint import save_checkpoint
+    from model import GPT, GPTConfig
+
+    meta = json.loads((data_dir / "tiny" / "meta.json").read_text())
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=meta["vocab_size"])
+    save_checkpoint({"format_version": 1, "model": GPT(config).state_dict(), "model_config": dataclasses.asdict(config),
+                     "tokenizer": meta["tokenizer"]}, path)
+    return path

@@ -8,7 +8,10 @@ every rank writing its own shard (gptkit/train/sharded.py).
 A checkpoint holds the raw model's state dict (never the DDP or compiled
 wrapper's, so no prefixes), the optimizers and GradScaler, every rank's RNG
 states, the loop's RunState as top-level keys, and `info`: the model config,
-tokenizer, settings, dataset fingerprint and provenance. Writing is atomic
+tokenizer, settings, dataset fingerprint and provenance. A LoRA run's holds only
+its adapters as the model, plus `lora`: its settings, where its base is and the
+base's fingerprint (gptkit/lora.py; loaded again by gptkit/loading.py), in one
+file even under FSDP. Writing is atomic
 (gptkit/checkpoint.py); nothing non-finite is ever written.
 """
 
@@ -17,6 +20,7 @@ import math
 
 import torch
 
+from gptkit import lora
 from gptkit.checkpoint import save_checkpoint
 from gptkit.errors import PeerFailed, RunFailed
 from gptkit.train import distributed
@@ -31,7 +35,10 @@ class NonFinite(Exception):
 class Checkpointer:
     def __init__(self, out_dir, raw_model, optimizers, scaler, info, dist, device, parallel, resumed_at=None):
         self.out_dir, self.raw_model, self.optimizers, self.scaler = out_dir, raw_model, optimizers, scaler
-        self.info, self.dist, self.device, self.sharded = info, dist, device, parallel == "fsdp"
+        self.info, self.dist, self.device, self.fsdp = info, dist, device, parallel == "fsdp"
+        self.lora = getattr(raw_model, "lora_spec", None)  # a LoRA run saves its adapters only
+        # A LoRA run's adapters are small enough to gather into one file even under FSDP.
+        self.sharded = self.fsdp and self.lora is None
         self.path = out_dir / ("ckpt" if self.sharded else "ckpt.pt")
         self.last_iter = resumed_at  # the iteration of the newest checkpoint this run can fall back to
 
@@ -47,11 +54,20 @@ class Checkpointer:
 
     def _save_file(self, kind, run):
         rngs = distributed.gather_objects({"torch": torch.get_rng_state(), "cuda": rng_state(self.device)["cuda"]}, self.dist)
+        weights = lora.adapter_state_dict(self.raw_model) if self.lora else self.raw_model.state_dict()
+        optimizer = None
+        if self.fsdp:  # a LoRA run under FSDP: every rank joins in gathering the adapters and their moments
+            weights = {k: v.full_tensor().cpu() for k, v in weights.items()}
+            optimizer = sharded.optimizer_states_by_index(self.raw_model, self.optimizers) if kind == "ckpt" else None
+        elif kind == "ckpt" and self.dist.is_main:
+            optimizer = [opt.state_dict() for opt in self.optimizers]
         if not self.dist.is_main:
             return
-        obj = {"format_version": 1, "model": self.raw_model.state_dict(), **run}
+        obj = {"format_version": 1, "model": weights, **run}
+        if self.lora:
+            obj["lora"] = self.lora  # its settings, and where the base is and its fingerprint
         if kind == "ckpt":
-            obj["optimizer"] = [opt.state_dict() for opt in self.optimizers]
+            obj["optimizer"] = optimizer
             obj["scaler"] = self.scaler.state_dict() if self.scaler.is_enabled() else None
             obj["rng"] = {**rng_state(self.device), "per_rank": rngs if self.dist.world_size > 1 else None}
         save_checkpoint(obj, self.out_dir / f"{kind}.pt")

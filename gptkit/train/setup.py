@@ -25,11 +25,13 @@ import torch
 from gptkit import dataset
 from gptkit import faults
 from gptkit import fused
+from gptkit import lora
 from gptkit import scoring
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.device import enable_tf32, resolve_device, training_dtype
 from gptkit.errors import UserError, first_line
-from gptkit.interop.hf_gpt2 import HUB_NAMES, load_gpt2
+from gptkit.interop.hf_gpt2 import HUB_NAMES
+from gptkit.loading import adapted_model, load_base
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
 from gptkit.paths import claim_output
 from gptkit.tokenizer import tokenizer_from_dict
@@ -214,23 +216,46 @@ def init_model(model_cfg, cfg, meta, out_dir):
         bad = non_finite_tensors(ckpt, str(checkpoint_source(ckpt, out_dir)))
         if bad:
             raise UserError(f"{bad[0]} holds NaN or inf: this checkpoint cannot be resumed; start again or use another")
+        if ckpt.get("lora") is not None:  # adapters only: the base comes from where the run recorded it
+            model = adapted_model(ckpt["lora"], ckpt["model"], checkpoint_source(ckpt, out_dir), saved.block_size,
+                                  dropout=model_cfg.dropout, lora_dropout=cfg.lora_dropout)
+            spec = model.lora_spec
+            if (cfg.lora_rank, cfg.lora_alpha, lora.parse_targets(cfg.lora_targets)) != (spec["rank"], spec["alpha"], tuple(spec["targets"])):
+                print("note: resuming keeps the checkpoint's LoRA rank, alpha and targets")
+            return model, model.config, ckpt
         model = GPT(model_cfg)
         if "model" in ckpt:  # a sharded checkpoint's weights load after sharding (train.py)
             model.load_state_dict(ckpt["model"])
         return model, model_cfg, ckpt
-    if cfg.init_from in HUB_NAMES or Path(cfg.init_from).is_dir():
-        if meta["tokenizer"].get("type") != "gpt2":
+    if cfg.init_from in HUB_NAMES or Path(cfg.init_from).exists():
+        is_file = Path(cfg.init_from).is_file()
+        if not is_file and meta["tokenizer"].get("type") != "gpt2":
             raise UserError(
                 f"vocabulary mismatch: init_from={cfg.init_from} uses GPT-2's BPE vocabulary, but dataset "
                 f"{cfg.dataset} has a {describe_vocab(meta['tokenizer'], meta['vocab_size'])} one: prepare it with --tokenizer gpt2"
             )
-        model = load_gpt2(cfg.init_from, dropout=model_cfg.dropout)
+        model, tokenizer = load_base(cfg.init_from, dropout=model_cfg.dropout)
+        if is_file and (tokenizer != tokenizer_from_dict(meta["tokenizer"]).to_dict() or model.config.vocab_size != meta["vocab_size"]):
+            raise UserError(
+                f"vocabulary mismatch: {cfg.init_from} was trained with a {describe_vocab(tokenizer, model.config.vocab_size)} "
+                f"vocabulary, but dataset {cfg.dataset} has a {describe_vocab(meta['tokenizer'], meta['vocab_size'])} one"
+            )
+        base = {"init_from": base_location(cfg.init_from), "fingerprint": lora.fingerprint(model)} if cfg.lora_rank else None
         if model_cfg.block_size < model.config.block_size:
-            model.crop_block_size(model_cfg.block_size)
+            model.crop_block_size(model_cfg.block_size)  # before LoRA: cropping makes a new (trainable) wpe
+        if cfg.lora_rank:
+            lora.apply(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, lora.parse_targets(cfg.lora_targets))
+            model.lora_spec["base"] = base
         return model, model.config, None
     raise UserError(
-        f"init_from={cfg.init_from!r} is not scratch, resume, {', '.join(HUB_NAMES)} or an existing folder"
+        f"init_from={cfg.init_from!r} is not scratch, resume, {', '.join(HUB_NAMES)}, an existing folder or a checkpoint file"
     )
+
+
+def base_location(init_from):
+    """Where a LoRA run finds its base again: a hub name as given, a folder or file as
+    an absolute path (sample.py may run from another working directory)."""
+    return init_from if init_from in HUB_NAMES and not Path(init_from).exists() else str(Path(init_from).resolve())
 
 
 def checkpoint_source(ckpt, out_dir):

@@ -273,6 +273,21 @@ def optimizer_state_by_name(model, cfg, device_type, states, out_dir):
     return get_optimizer_state_dict(model, optimizers)
 
 
+def optimizer_states_by_index(model, optimizers):
+    """The inverse of optimizer_state_by_name: each optimizer's whole state in torch's
+    own layout (parameters by index), as a one-file checkpoint holds it. A collective;
+    rank 0 gets the states (on the CPU), the other ranks None."""
+    states = []
+    for opt in optimizers:
+        full = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not full:
+            return None
+        index = {}
+        groups = [{**g, "params": [index.setdefault(name, len(index)) for name in g["params"]]} for g in full["param_groups"]]
+        states.append({"state": {index[name]: s for name, s in full["state"].items()}, "param_groups": groups})
+    return states
+
+
 def load_full_optimizer_state(model, optimizers, by_name):
     """Every rank holds the whole `by_name` state; each keeps its shards of it."""
     set_optimizer_state_dict(model, optimizers, by_name, options=StateDictOptions(full_state_dict=True))
