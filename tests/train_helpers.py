@@ -132,3 +132,31 @@ def write_base_checkpoint(path, data_dir):
     save_checkpoint({"format_version": 1, "model": GPT(config).state_dict(), "model_config": dataclasses.asdict(config),
                      "tokenizer": meta["tokenizer"]}, path)
     return path
+
+
+def perturbed_model(config, seed=0):
+    """A GPT whose norm gains and biases are not 1 and 0, so any mix-up shows in the logits."""
+    import torch
+
+    from model import GPT
+
+    torch.manual_seed(seed)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def write_run(folder, model, tokenizer_dict):
+    """folder/ckpt.pt holding `model` as a run of ours (weights, config, tokenizer)."""
+    import dataclasses
+
+    from gptkit.checkpoint import FORMAT_VERSION, save_checkpoint
+
+    save_checkpoint({
+        "format_version": FORMAT_VERSION, "model": model.state_dict(),
+        "model_config": dataclasses.asdict(model.config), "tokenizer": tokenizer_dict, "iter_num": 7,
+    }, Path(folder) / "ckpt.pt")
+    return Path(folder)

@@ -37,6 +37,7 @@ import torch
 from gptkit.checkpoint import temp_path_for
 from gptkit.errors import RunFailed, UserError
 from gptkit.interop.gguf_vocab import add_vocab, gguf_vocab
+from gptkit.interop.hf_llama import llama_block
 from gptkit.lock import fsync_dir
 from gptkit.paths import claim_output
 
@@ -92,6 +93,11 @@ def rotary_to_neighbour_pairs(w, n_heads):
     return w.reshape(n_heads, 2, D // 2, C).transpose(1, 2).reshape(rows, C)  # (H, D/2, 2, C) flattened
 
 
+GGUF_NAMES = {  # hf_llama.llama_block's roles -> llama.cpp's tensor names in a block
+    "attn_norm": "attn_norm.weight", "q": "attn_q.weight", "k": "attn_k.weight", "v": "attn_v.weight",
+    "o": "attn_output.weight", "ffn_norm": "ffn_norm.weight", "gate": "ffn_gate.weight", "up": "ffn_up.weight",
+    "down": "ffn_down.weight",
+}
 LLAMA_CPP_MIN_CONTEXT = 256  # llama-context.cpp rounds every context up to a multiple of 256
 
 
@@ -149,25 +155,14 @@ def gpt2_tensors(model, sd):
 def llama_tensors(model, sd, architecture):
     """llama.cpp's llama/qwen3 names -> fp32 tensors, q and k reordered for `llama`'s RoPE."""
     c = model.config
-    H, Hkv, D, V = c.n_head, c.kv_heads, c.head_dim, c.vocab_size
+    H, Hkv, V = c.n_head, c.kv_heads, c.vocab_size
     out = {"token_embd.weight": sd["transformer.wte.weight"][:V]}
     for i in range(c.n_layer):
         p, q = f"transformer.h.{i}.", f"blk.{i}."
-        q_w, k_w, v_w = sd[p + "attn.c_attn.weight"].split([H * D, Hkv * D, Hkv * D], dim=0)  # (out, C) each
+        block = llama_block(sd, c, i)
         if architecture == "llama":
-            q_w, k_w = rotary_to_neighbour_pairs(q_w, H), rotary_to_neighbour_pairs(k_w, Hkv)
-        gate, up = sd[p + "mlp.c_fc.weight"].chunk(2, dim=0)  # (hidden, C) each
-        out.update({
-            q + "attn_norm.weight": sd[p + "ln_1.weight"],
-            q + "attn_q.weight": q_w,
-            q + "attn_k.weight": k_w,
-            q + "attn_v.weight": v_w,
-            q + "attn_output.weight": sd[p + "attn.c_proj.weight"],
-            q + "ffn_norm.weight": sd[p + "ln_2.weight"],
-            q + "ffn_gate.weight": gate,
-            q + "ffn_up.weight": up,
-            q + "ffn_down.weight": sd[p + "mlp.c_proj.weight"],
-        })
+            block["q"], block["k"] = rotary_to_neighbour_pairs(block["q"], H), rotary_to_neighbour_pairs(block["k"], Hkv)
+        out.update({q + GGUF_NAMES[role]: tensor for role, tensor in block.items()})
         if c.qk_norm:
             out[q + "attn_q_norm.weight"] = sd[p + "attn.q_norm.weight"]
             out[q + "attn_k_norm.weight"] = sd[p + "attn.k_norm.weight"]

@@ -44,27 +44,33 @@ def llama_mismatches(c):
     ]
 
 
+HF_NAMES = {  # llama_block's roles -> transformers' LlamaDecoderLayer names
+    "attn_norm": "input_layernorm.weight", "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight",
+    "v": "self_attn.v_proj.weight", "o": "self_attn.o_proj.weight", "ffn_norm": "post_attention_layernorm.weight",
+    "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight", "down": "mlp.down_proj.weight",
+}
+
+
+def llama_block(sd, c, i):
+    """Block i of our state dict `sd` as LLaMA's separate matrices, by role: our c_attn
+    split into q, k, v and our SwiGLU c_fc into gate and up (what every LLaMA-shaped
+    format stores apart). Each (out, in), as nn.Linear keeps them."""
+    p = f"transformer.h.{i}."
+    H, Hkv, D = c.n_head, c.kv_heads, c.head_dim
+    q_w, k_w, v_w = sd[p + "attn.c_attn.weight"].split([H * D, Hkv * D, Hkv * D], dim=0)
+    gate, up = sd[p + "mlp.c_fc.weight"].split([c.hidden_size, c.hidden_size], dim=0)
+    return {"attn_norm": sd[p + "ln_1.weight"], "q": q_w, "k": k_w, "v": v_w, "o": sd[p + "attn.c_proj.weight"],
+            "ffn_norm": sd[p + "ln_2.weight"], "gate": gate, "up": up, "down": sd[p + "mlp.c_proj.weight"]}
+
+
 def llama_state_dict(model):
     """Our state dict renamed and split into transformers' LlamaForCausalLM names (fp32, CPU)."""
     c = model.config
-    H, Hkv, D, hidden = c.n_head, c.kv_heads, c.head_dim, c.hidden_size
     ours = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     out = {"model.embed_tokens.weight": ours["transformer.wte.weight"][: c.vocab_size]}  # drop padding rows
     for i in range(c.n_layer):
-        p, q = f"transformer.h.{i}.", f"model.layers.{i}."
-        q_w, k_w, v_w = ours[p + "attn.c_attn.weight"].split([H * D, Hkv * D, Hkv * D], dim=0)  # (out, C) each
-        gate, up = ours[p + "mlp.c_fc.weight"].split([hidden, hidden], dim=0)  # (hidden, C) each
-        out.update({
-            q + "input_layernorm.weight": ours[p + "ln_1.weight"],
-            q + "self_attn.q_proj.weight": q_w,
-            q + "self_attn.k_proj.weight": k_w,
-            q + "self_attn.v_proj.weight": v_w,
-            q + "self_attn.o_proj.weight": ours[p + "attn.c_proj.weight"],
-            q + "post_attention_layernorm.weight": ours[p + "ln_2.weight"],
-            q + "mlp.gate_proj.weight": gate,
-            q + "mlp.up_proj.weight": up,
-            q + "mlp.down_proj.weight": ours[p + "mlp.c_proj.weight"],
-        })
+        q = f"model.layers.{i}."
+        out.update({q + HF_NAMES[role]: tensor for role, tensor in llama_block(ours, c, i).items()})
     out["model.norm.weight"] = ours["transformer.ln_f.weight"]
     if not c.tie_embeddings:  # tied: transformers ties lm_head to embed_tokens on load
         out["lm_head.weight"] = ours["lm_head.weight"][: c.vocab_size]

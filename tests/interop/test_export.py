@@ -1,7 +1,6 @@
 """convert.py --to hf against an independent implementation: transformers' GPT-2 and
 LLaMA models and its AutoTokenizer must give our logits and our token ids."""
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -10,34 +9,18 @@ import pytest
 import torch
 
 import convert
-from gptkit.checkpoint import FORMAT_VERSION, save_checkpoint
 from gptkit.errors import UserError
 from gptkit.interop import hf_gpt2, hf_tokenizer
 from gptkit.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
 from repo import REPO
+from train_helpers import perturbed_model, write_run
 
 transformers = pytest.importorskip("transformers")  # a test-only dependency
 
 CHARS = sorted(set("First Citizen:\nBefore we proceed any further, hear me speak.\nzZqQxX!?;'-&3$"))
 
 
-def perturbed_model(config, seed=0):
-    """A GPT whose norm gains and biases are not 1 and 0, so any mix-up shows in the logits."""
-    torch.manual_seed(seed)
-    model = GPT(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
-
-
-def write_run(out_dir, model, tokenizer_dict):
-    save_checkpoint({
-        "format_version": FORMAT_VERSION, "model": model.state_dict(),
-        "model_config": dataclasses.asdict(model.config), "tokenizer": tokenizer_dict, "iter_num": 7,
-    }, out_dir / "ckpt.pt")
 
 
 def hf_logits(folder, idx):

@@ -2,7 +2,6 @@
 reader, and the model run by llama.cpp itself (through llama-cpp-python), which must
 give our token ids and our logits."""
 
-import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -12,13 +11,13 @@ import pytest
 import torch
 
 import convert
-from gptkit.checkpoint import FORMAT_VERSION, save_checkpoint
 from gptkit.errors import UserError
 from gptkit.interop.gguf_export import rotary_to_neighbour_pairs
 from gptkit.interop.hf_tokenizer import byte_symbols
 from gptkit.tokenizer import CharTokenizer, GPT2Tokenizer
 from model import GPT, GPTConfig, apply_rope, rope_angles
 from repo import REPO
+from train_helpers import perturbed_model, write_run
 
 gguf = pytest.importorskip("gguf")  # in requirements.txt: convert.py --to gguf needs it
 
@@ -35,23 +34,6 @@ WIDE_CHARS = sorted(set(CHARS) | set("éü—“”日本🙂"))  # 2, 3 and 4 U
 TEXT_60 = "First Citizen:\nBefore we proceed any further, hear me speak.\n"[:60]
 
 
-def perturbed_model(config, seed=0):
-    """A GPT whose norm gains and biases are not 1 and 0, so any mix-up shows in the logits."""
-    torch.manual_seed(seed)
-    model = GPT(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
-
-
-def write_run(folder, model, tokenizer_dict):
-    save_checkpoint({
-        "format_version": FORMAT_VERSION, "model": model.state_dict(),
-        "model_config": dataclasses.asdict(model.config), "tokenizer": tokenizer_dict, "iter_num": 7,
-    }, folder / "ckpt.pt")
-    return folder
 
 
 def export(tmp_path, model, tokenizer_dict, outtype="f32", name="model"):
@@ -268,7 +250,7 @@ def test_bad_sources_and_destinations_are_named_and_leave_nothing(tmp_path):
         (run, tmp_path, "is a folder"),
         (run, tmp_path / "no" / "a.gguf", "does not exist"),
         # root writes wherever chmod forbids it, but not into /proc: a folder that takes no files
-        (run, "/proc/model.gguf", "cannot create a file in /proc"),
+        (run, "/proc/model.gguf", "the folder /proc cannot be written"),
     ]
     for source, dest, message in cases:
         with pytest.raises(UserError, match=message):
