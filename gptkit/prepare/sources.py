@@ -21,7 +21,6 @@ what was read, not the size the file system reports (a pipe's is 0).
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import stat

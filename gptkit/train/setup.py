@@ -192,7 +192,6 @@ def eval_byte_lengths(meta, device):
         return None
 
 
-
 def init_model(model_cfg, cfg, meta, out_dir):
     """(raw model, model config, checkpoint or None) for init_from; checks the vocabulary."""
     if cfg.init_from == "scratch":
