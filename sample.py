@@ -53,6 +53,7 @@ from gptkit.device import DTYPES, inference_dtype, resolve_device
 from gptkit.errors import UserError, run_main
 from gptkit.generate import generate_samples
 from gptkit.loading import load_model
+from gptkit.paths import claim_output
 from gptkit.sampling import check_sampling_options
 
 
@@ -174,6 +175,8 @@ def main(argv=None):
     if cfg.stop is not None:
         cfg = dataclasses.replace(cfg, stop=unescape(cfg.stop))
     device = resolve_device(cfg.device)
+    if cfg.attention is not None:  # before the model loads: a picture that cannot be written fails now
+        cfg = dataclasses.replace(cfg, attention=str(claim_output(cfg.attention, "file", overwrite=True, what="--attention")))
     prompt = read_prompt(cfg.start)
     torch.manual_seed(cfg.seed)
     model, tokenizer, summary = load_model(cfg.init_from, cfg.out_dir, cfg.ckpt, cfg.data_dir, cfg.meta)

@@ -11,11 +11,13 @@ matplotlib is optional for the project and imported only here, lazily, with the
 Agg backend (no display needed).
 """
 
+import io
 import math
 from pathlib import Path
 
 import torch
 
+from gptkit.checkpoint import write_text_atomic
 from gptkit.errors import UserError
 
 MAX_TOKENS = 48  # past ~50 labels per axis the tick labels overlap and the cells vanish
@@ -100,5 +102,7 @@ def draw_attention(model, tokenizer, text, layer, path, max_tokens=MAX_TOKENS):
     path = Path(path)
     if not path.parent.is_dir():
         raise UserError(f"cannot write {path}: the folder {path.parent} does not exist")
-    fig.savefig(path, format="png", dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    write_text_atomic(path, png.getvalue())  # a full disk leaves the previous picture, not half a PNG
     return path

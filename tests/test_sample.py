@@ -332,6 +332,23 @@ def test_attention_png_from_a_checkpoint(tiny, tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_attention_destination_is_checked_before_the_model_loads_and_written_whole(tiny, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib", reason="matplotlib draws the attention plot")
+    _, out = tiny
+    loaded = []
+    monkeypatch.setattr(sample, "load_model", lambda *a, **k: loaded.append(a) or (_ for _ in ()).throw(AssertionError("loaded")))
+    for bad, what in ((tmp_path, "folder"), (tmp_path / ("x" * 300 + ".png"), "255 bytes"), ("/dev/full", "not a regular file")):
+        code, err = run_cli(capsys, "--out_dir", str(out), "--attention", str(bad))
+        assert code == 2 and what in err and len(err.strip().splitlines()) == 1, err
+    assert loaded == []
+    monkeypatch.undo()
+    png = tmp_path / "old.png"
+    png.write_bytes(b"an earlier picture")  # a picture is redrawn in place, as matplotlib would
+    got, err = run_sample(capsys, "--out_dir", str(out), "--start", "ROMEO:", "--attention", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+
+
 def test_init_from_a_local_hugging_face_folder(tmp_path, capsys, tiktoken_available):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
