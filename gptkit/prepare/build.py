@@ -32,7 +32,7 @@ import numpy as np
 from gptkit import faults
 from gptkit.errors import UserError
 from gptkit.lock import LOCK_NAME, FolderLock, fsync_dir, remove_stale_temps
-from gptkit.prepare.encode import CHUNK_CHARS, any_cut, build_tasks, dtype_for, encode_task, gpt2_cut, make_pool, ordered_map
+from gptkit.prepare.encode import CHUNK_CHARS, any_cut, build_tasks, dtype_for, encode_task, gpt2_cut, make_pool, ordered_map, stop_pool
 from gptkit.prepare.shakespeare import TMP_MARK, shakespeare_input
 from gptkit.paths import claim_output
 from gptkit.prepare.sources import iter_documents, resolve_inputs, spool_streams
@@ -225,8 +225,7 @@ def prepare_dataset(
             pool = make_pool(workers, ("bpe", None, dtype_for(vocab_size), bpe.eot_id, bpe.to_json()))
         elif tokenizer == "char":  # the encoders need the vocabulary: start them afresh
             if pool is not None:
-                pool.terminate()
-                pool.join()
+                stop_pool(pool)
             vocab_size = len(scan.chars)
             pool = make_pool(workers, ("char", scan.chars, dtype_for(vocab_size), None))
         else:
@@ -259,8 +258,7 @@ def prepare_dataset(
 
 def _clean_up(pool, copies):
     if pool is not None:
-        pool.terminate()
-        pool.join()
+        stop_pool(pool)
     for copy in copies:
         copy.unlink(missing_ok=True)
 

@@ -142,3 +142,25 @@ def test_the_stream_is_read_once(tmp_path, monkeypatch):
     assert opened.count(f"/dev/fd/{r}") == 1 and len(opened) > 1
     train = np.fromfile(tmp_path / "data" / "x" / "train.bin", dtype=np.uint16)
     assert len(train) > 1000
+
+
+def test_a_pool_whose_terminate_hangs_is_still_stopped_within_its_limit(monkeypatch):
+    """CPython's Pool.terminate() can wait for ever for a thread stuck writing a task into
+    the pipe (prepare.py hung on Ctrl-C that way): stop_pool kills the workers after
+    POOL_STOP_S seconds, so an interrupted prepare still ends."""
+    import threading
+    import time
+
+    from gptkit.prepare import encode
+
+    pool = make_pool(2, ("charset",))
+    workers = list(pool._pool)
+    assert all(w.is_alive() for w in workers)
+    monkeypatch.setattr(encode, "POOL_STOP_S", 0.5)
+    monkeypatch.setattr(pool, "terminate", lambda: threading.Event().wait())  # as the hang does
+    start = time.monotonic()
+    encode.stop_pool(pool)
+    assert time.monotonic() - start < 5
+    for w in workers:
+        w.join(5)
+    assert not any(w.is_alive() for w in workers)
