@@ -218,8 +218,9 @@ def stop_pool(pool):
     stopper.start()
     stopper.join(POOL_STOP_S)
     if stopper.is_alive():
-        for worker in multiprocessing.active_children():  # prepare starts no other processes
-            worker.kill()
+        for worker in pool._pool:  # the pool's own worker processes (no public accessor)
+            if worker.exitcode is None:
+                worker.kill()
 
 
 def ordered_map(pool, fn, items, workers):
