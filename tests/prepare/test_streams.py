@@ -148,6 +148,7 @@ def test_a_pool_whose_terminate_hangs_is_still_stopped_within_its_limit(monkeypa
     """CPython's Pool.terminate() can wait for ever for a thread stuck writing a task into
     the pipe (prepare.py hung on Ctrl-C that way): stop_pool kills the workers after
     POOL_STOP_S seconds, so an interrupted prepare still ends."""
+    import multiprocessing.pool
     import threading
     import time
 
@@ -157,7 +158,11 @@ def test_a_pool_whose_terminate_hangs_is_still_stopped_within_its_limit(monkeypa
     workers = list(pool._pool)
     assert all(w.is_alive() for w in workers)
     monkeypatch.setattr(encode, "POOL_STOP_S", 0.5)
-    monkeypatch.setattr(pool, "terminate", lambda: threading.Event().wait())  # as the hang does
+    def hanging_terminate():  # as the real hang: respawning stopped first, then stuck for ever
+        pool._worker_handler._state = multiprocessing.pool.TERMINATE
+        threading.Event().wait()
+
+    monkeypatch.setattr(pool, "terminate", hanging_terminate)
     start = time.monotonic()
     encode.stop_pool(pool)
     assert time.monotonic() - start < 5
