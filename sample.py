@@ -29,7 +29,11 @@ shifts). By default we instead keep the last half of the window once, rebuild
 the cache from it and go on caching (`shift_context`): each token still sees
 between block_size/2 and block_size tokens, as in training, and generation
 stays fast (the quick-start model has block_size 64, its samples are 500
-tokens). `--shift_context false` gives exactly nanoGPT's tokens.
+tokens). `--shift_context false` gives exactly nanoGPT's tokens. On a CPU in
+float32 each new token's step runs with NumPy on the model's own weights and
+cache (gptkit/cpu_decode.py: model.py's computation, tested equal to 1e-5), whose
+matrix products read the weights at the memory's speed; `--cpu_decode false` runs
+model.py's PyTorch step instead.
 
 `--compile` compiles the one-token step once, gpt-fast's way (a cache allocated
 for block_size positions, the position as a tensor: gptkit/compiled_decode.py);
@@ -91,6 +95,11 @@ class SampleConfig:
         False, "compile the one-token decoding step once (a static cache; gptkit/compiled_decode.py): the main "
         "speed lever on CUDA for few samples; on a CPU it does not pay (2x for the quick-start model after 12-45 s "
         "of compiling: BENCHMARKS.md)",
+    )
+    cpu_decode: bool = setting(
+        True, "on a CPU in float32, run each new token's step with NumPy on the model's own weights "
+        "(gptkit/cpu_decode.py: the same computation, ~2x faster one-sample decoding there: BENCHMARKS.md); "
+        "false: model.py's forward in PyTorch",
     )
     use_cache: bool = setting(True, "keep past keys/values (fast); false recomputes the whole context every token")
     shift_context: bool = setting(

@@ -13,6 +13,7 @@ characters and cuts the text before a stop string.
 
 import torch
 
+from gptkit import cpu_decode
 from gptkit.compiled_decode import CompiledDecoder
 from gptkit.sampling import check_sampling_options, choose_next_token
 from model import KVCache
@@ -99,7 +100,8 @@ def generate_stream(
     and all of block_size, so they differ from recomputation.
     A row that emits one of stop_tokens is finished: later steps repeat that stop
     token for it, and the generator stops once every row is finished.
-    `decoder` (gptkit.compiled_decode.CompiledDecoder, sample.py --compile) runs the
+    `decoder` (gptkit.compiled_decode.CompiledDecoder, sample.py --compile, or
+    gptkit.cpu_decode.CPUDecoder, sample.py's default on a CPU in float32) runs the
     cached steps instead of the model, with a cache of its own making.
     Dropout stays active in train mode: call model.eval() first.
     """
@@ -153,7 +155,11 @@ def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None):
     generator.manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)  # (B, T)
     streams = [TextStream(tokenizer, cfg.stop) for _ in range(cfg.num_samples)]
-    decoder = CompiledDecoder(model, cfg.num_samples) if cfg.compile else None
+    decoder = None
+    if cfg.compile:
+        decoder = CompiledDecoder(model, cfg.num_samples)
+    elif cfg.cpu_decode and cfg.use_cache and cpu_decode.applies(model, device, model.lm_head.weight.dtype):
+        decoder = cpu_decode.CPUDecoder(model)  # NumPy for each new token on a CPU in float32
     with torch.no_grad():
         steps = generate_stream(
             model, idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,

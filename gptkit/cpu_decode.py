@@ -1,0 +1,196 @@
+"""One-token decoding on a CPU in float32, written with NumPy: what sample.py runs there by default.
+
+    python sample.py --start "ROMEO:"                    # on a CPU: this step for every new token
+    python sample.py --start "ROMEO:" --cpu_decode false  # model.py's forward in PyTorch instead
+
+Generating one sample, each new token reads every weight of the model once and
+does little arithmetic with it: the step is bound by memory bandwidth plus a fixed
+cost per operation. Measured on our 2-core CPU (benchmarks/LOG.md), PyTorch's
+matrix-vector products (MKL) read the weights at ~60% of the bandwidth a plain sum
+reaches, and each of the ~150 small operations of a step costs several
+microseconds of dispatch; NumPy's BLAS reads them at the bandwidth, and its
+operations cost about a microsecond. So this file runs model.py's computation for
+one new token with NumPy arrays that share memory with the model's tensors:
+
+- the same weights, no copy: each Linear's weight is laid out transposed in place
+  (W.t().contiguous().t(), the same values; PyTorch reads it as before), so that
+  x @ Wᵀ streams it row by row;
+- the same KV cache (model.py's KVCache): the prompt runs through model.py, which
+  fills it; each token's keys and values are then written into it here;
+- the same formulas, in model.py's order, for every GPTConfig variant (positions,
+  norms and their placement, MLPs, QK-norm, grouped-query heads, the soft-cap).
+
+tests/test_cpu_decode.py checks the logits against model.py's to 1e-5 for each
+variant and the sampled text against the PyTorch path. Anything else (a GPU,
+bfloat16, torch.compile) runs model.py as it is.
+"""
+
+import math
+
+import numpy as np
+import torch
+
+from model import NORM_EPS, KVCache
+
+
+def applies(model, device, dtype):
+    """Whether this decoder runs for `model` on `device` in `dtype` (a CPU, float32)."""
+    return device.type == "cpu" and dtype == torch.float32 and model.lm_head.weight.dtype == torch.float32
+
+
+def transposed_in_place(linear):
+    """The (in, out) NumPy array of linear.weight, after laying the weight out transposed
+    in place (once): the same values, the same Parameter, no second copy."""
+    w = linear.weight
+    if not w.t().is_contiguous():
+        with torch.no_grad():
+            w.data = w.data.t().contiguous().t()
+    return w.detach().t().numpy()  # (in, out), C-contiguous
+
+
+def as_array(tensor):
+    return None if tensor is None else tensor.detach().numpy()
+
+
+def norm_arrays(norm):
+    """(kind, weight, bias) of a LayerNorm or RMSNorm module."""
+    kind = "layer" if isinstance(norm, torch.nn.LayerNorm) else "rms"
+    return kind, as_array(norm.weight), as_array(norm.bias)
+
+
+def normalize(x, kind, weight, bias):
+    """model.py's norms on the last axis: LayerNorm (x - mean) / std, or RMSNorm x / rms."""
+    if kind == "layer":
+        x = x - x.mean(axis=-1, keepdims=True)
+    x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + NORM_EPS)
+    if weight is not None:
+        x = x * weight
+    return x if bias is None else x + bias
+
+
+def gelu_tanh(h):
+    return 0.5 * h * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h * h * h)))
+
+
+def gelu_exact(h):  # NumPy has no erf: PyTorch's, on the same memory
+    return 0.5 * h * (1.0 + torch.erf(torch.from_numpy(h) * (1.0 / math.sqrt(2.0))).numpy())
+
+
+def relu2(h):
+    h = np.maximum(h, 0.0)
+    return h * h
+
+
+ACTIVATIONS = {"gelu": gelu_tanh, "gelu_exact": gelu_exact, "relu2": relu2}
+
+
+def rotate(x, cos, sin):
+    """apply_rope for one position: pairs (x[i], x[i + D/2]) turned by their angles."""
+    x1, x2 = np.split(x, 2, axis=-1)
+    return np.concatenate((x1 * cos - x2 * sin, x1 * sin + x2 * cos), axis=-1)
+
+
+class Layer:
+    """One block's arrays."""
+
+    def __init__(self, block):
+        attn, mlp = block.attn, block.mlp
+        self.ln_1, self.ln_2 = norm_arrays(block.ln_1), norm_arrays(block.ln_2)
+        self.w_qkv, self.b_qkv = transposed_in_place(attn.c_attn), as_array(attn.c_attn.bias)
+        self.w_o, self.b_o = transposed_in_place(attn.c_proj), as_array(attn.c_proj.bias)
+        self.w_fc, self.b_fc = transposed_in_place(mlp.c_fc), as_array(mlp.c_fc.bias)
+        self.w_out, self.b_out = transposed_in_place(mlp.c_proj), as_array(mlp.c_proj.bias)
+        self.q_norm = as_array(attn.q_norm.weight) if attn.qk_norm else None
+        self.k_norm = as_array(attn.k_norm.weight) if attn.qk_norm else None
+        self.rope = (as_array(attn.rope_cos), as_array(attn.rope_sin)) if attn.rope else None
+
+
+def linear(x, w, b):
+    y = x @ w
+    return y if b is None else y + b
+
+
+class CPUDecoder:
+    """What generate_stream runs the model with on a CPU in float32: `new_cache()`
+    gives model.py's KVCache, and `decoder(idx, cache)` the logits (B, vocab_size)
+    after idx (B, T): one token with NumPy, a prompt (or a shifted window) through
+    model.py, which fills the same cache."""
+
+    def __init__(self, model):
+        self.model = model
+        c = model.config
+        self.config = c
+        self.layers = [Layer(block) for block in model.transformer.h]
+        self.head = transposed_in_place(model.lm_head)  # (C, padded vocab)
+        # after the head: a tied embedding is the head's weight, now laid out transposed
+        self.wte = as_array(model.transformer.wte.weight)  # (padded vocab, C)
+        self.ln_f = norm_arrays(model.transformer.ln_f) if c.norm_placement == "pre" else None
+        self.positions = None
+        if c.pos_encoding == "learned":
+            self.positions = as_array(model.transformer.wpe.weight)
+        elif c.pos_encoding == "sinusoidal":
+            self.positions = as_array(model.sinusoid)
+        self.activation = None if c.mlp == "swiglu" else ACTIVATIONS[c.mlp]
+
+    def new_cache(self):
+        return KVCache(self.config.n_layer, self.config.block_size)
+
+    def __call__(self, idx, cache):
+        if idx.size(1) > 1 or cache.k[0] is None or cache.length >= cache.max_length:
+            return self.model.next_token_logits(idx, cache)  # model.py fills the cache
+        logits = self.step(idx[:, 0].numpy(), cache)
+        return torch.from_numpy(logits)
+
+    def attend(self, layer, x, cache, pos, index):
+        """Self-attention of one new token per row; its keys and values go into the cache."""
+        c = self.config
+        B, H, Hkv, D = x.shape[0], c.n_head, c.kv_heads, c.head_dim
+        qkv = linear(x, layer.w_qkv, layer.b_qkv)  # (B, (H + 2 Hkv) D)
+        q = qkv[:, : H * D].reshape(B, H, D)
+        k = qkv[:, H * D : (H + Hkv) * D].reshape(B, Hkv, D)
+        v = qkv[:, (H + Hkv) * D :].reshape(B, Hkv, D)
+        if layer.q_norm is not None:
+            q, k = normalize(q, "rms", layer.q_norm, None), normalize(k, "rms", layer.k_norm, None)
+        if layer.rope is not None:
+            cos, sin = layer.rope[0][pos], layer.rope[1][pos]
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        keys, values = cache.k[index].numpy(), cache.v[index].numpy()  # (B, Hkv, max_length, D)
+        keys[:, :, pos] = k
+        values[:, :, pos] = v
+        keys, values = keys[:, :, : pos + 1], values[:, :, : pos + 1]
+        q = q.reshape(B, Hkv, H // Hkv, D)  # query head h uses key/value head h // (H / Hkv)
+        scores = (q @ keys.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(D))  # (B, Hkv, H/Hkv, pos + 1)
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights /= weights.sum(axis=-1, keepdims=True)
+        y = (weights @ values).reshape(B, H * D)
+        return linear(y, layer.w_o, layer.b_o)
+
+    def feed_forward(self, layer, x):
+        h = linear(x, layer.w_fc, layer.b_fc)
+        if self.activation is None:  # SwiGLU: silu(gate) * up
+            gate, up = np.split(h, 2, axis=-1)
+            h = gate / (1.0 + np.exp(-gate)) * up
+        else:
+            h = self.activation(h)
+        return linear(h, layer.w_out, layer.b_out)
+
+    def step(self, tokens, cache):
+        """Logits (B, vocab_size) after one new token per row, tokens (B,)."""
+        c, pos = self.config, cache.length
+        x = self.wte[tokens]  # (B, C)
+        if self.positions is not None:
+            x = x + self.positions[pos]
+        for index, layer in enumerate(self.layers):
+            if c.norm_placement == "pre":
+                x = x + self.attend(layer, normalize(x, *layer.ln_1), cache, pos, index)
+                x = x + self.feed_forward(layer, normalize(x, *layer.ln_2))
+            else:
+                x = normalize(x + self.attend(layer, x, cache, pos, index), *layer.ln_1)
+                x = normalize(x + self.feed_forward(layer, x), *layer.ln_2)
+        cache.length += 1
+        if self.ln_f is not None:
+            x = normalize(x, *self.ln_f)
+        logits = (x @ self.head)[:, : c.vocab_size]
+        if c.logit_softcap is not None:
+            logits = c.logit_softcap * np.tanh(logits / c.logit_softcap)
+        return np.ascontiguousarray(logits, dtype=np.float32)

@@ -1,0 +1,113 @@
+"""gptkit/cpu_decode.py, sample.py's NumPy step on a CPU: the logits of model.py's cached
+step for every architecture variant, the same weights (laid out, not copied or changed),
+the same text through sample.py, and model.py wherever it does not apply."""
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gptkit import cpu_decode
+from gptkit.generate import generate_stream
+from model import GPT, GPTConfig, KVCache
+from repo import REPO
+from test_sample import CHARS, save_tiny
+from train_helpers import perturbed_model
+
+BASE = dict(block_size=24, vocab_size=37, n_layer=2, n_head=4, n_embd=32)
+MODERN = dict(pos_encoding="rope", norm="rmsnorm", mlp="relu2", bias=False, qk_norm=True, tie_embeddings=False,
+              logit_softcap=15.0)
+VARIANTS = {
+    "gpt2": {},
+    "nanogpt": dict(mlp="gelu_exact", bias=False),
+    "quick start": MODERN,
+    "sinusoidal, post-norm": dict(pos_encoding="sinusoidal", norm_placement="post"),
+    "no positions, rmsnorm with bias": dict(pos_encoding="none", norm="rmsnorm"),
+    "llama: swiglu, grouped-query": dict(MODERN, mlp="swiglu", qk_norm=False, logit_softcap=None, n_kv_head=2),
+    "multi-query, padded vocab, tied": dict(MODERN, n_kv_head=1, pad_vocab_multiple=16, tie_embeddings=True),
+}
+
+
+def model_for(variant, seed=0):
+    return perturbed_model(GPTConfig(**{**BASE, **VARIANTS[variant]}), seed)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_numpy_step_gives_model_pys_logits_for_every_variant(variant):
+    model = model_for(variant)
+    reference = copy.deepcopy(model)
+    decoder = cpu_decode.CPUDecoder(model)
+    B = 3
+    tokens = torch.randint(0, BASE["vocab_size"], (B, 20), generator=torch.Generator().manual_seed(1))
+    ours, theirs = decoder.new_cache(), KVCache(reference.config.n_layer, reference.config.block_size)
+    assert torch.allclose(decoder(tokens[:, :5], ours), reference.next_token_logits(tokens[:, :5], theirs), atol=1e-5)
+    for t in range(5, 20):  # one token at a time: the NumPy step, against model.py's cached forward
+        got = decoder(tokens[:, t : t + 1], ours)
+        want = reference.next_token_logits(tokens[:, t : t + 1], theirs)
+        assert got.shape == want.shape == (B, BASE["vocab_size"]) and got.dtype == torch.float32
+        assert torch.allclose(got, want, atol=2e-5, rtol=1e-4), (variant, t, (got - want).abs().max())
+        assert ours.length == theirs.length == t + 1
+    for layer in range(model.config.n_layer):  # the keys and values it wrote are model.py's
+        assert torch.allclose(ours.k[layer][:, :, :20], theirs.k[layer][:, :, :20], atol=1e-5)
+        assert torch.allclose(ours.v[layer][:, :, :20], theirs.v[layer][:, :, :20], atol=1e-5)
+
+
+def test_the_weights_are_laid_out_in_place_with_the_same_values_and_ties():
+    model = model_for("multi-query, padded vocab, tied")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    parameters = dict(model.named_parameters())
+    cpu_decode.CPUDecoder(model)
+    cpu_decode.CPUDecoder(model)  # a second decoder finds the layout done
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied
+    assert dict(model.named_parameters()).keys() == parameters.keys()
+    for name, p in model.named_parameters():
+        assert p is parameters[name]  # the same Parameters (an optimizer would still hold them)
+        assert torch.equal(p, before[name])
+    assert not model.transformer.h[0].attn.c_attn.weight.is_contiguous()  # laid out transposed
+    assert model.transformer.h[0].attn.c_attn.weight.t().is_contiguous()
+
+
+def test_generation_past_the_window_with_context_shifts_gives_the_pytorch_tokens():
+    model = model_for("quick start")
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(30.0)  # sharp predictions: argmax has no near-ties
+    reference = copy.deepcopy(model)
+    decoder = cpu_decode.CPUDecoder(model)
+    prompt = torch.tensor([[1, 2, 3]])
+    n = 3 * BASE["block_size"]  # two cache rebuilds from the shifted window, through model.py
+    ours = torch.stack(list(generate_stream(model, prompt, n, temperature=0, shift_context=True, decoder=decoder)))
+    theirs = torch.stack(list(generate_stream(reference, prompt, n, temperature=0, shift_context=True)))
+    assert torch.equal(ours, theirs)
+
+
+def test_it_applies_on_a_cpu_in_float32_only():
+    model = model_for("gpt2")
+    cpu = torch.device("cpu")
+    assert cpu_decode.applies(model, cpu, torch.float32)
+    assert not cpu_decode.applies(model, torch.device("cuda"), torch.float32)
+    assert not cpu_decode.applies(model, cpu, torch.bfloat16)
+    assert not cpu_decode.applies(copy.deepcopy(model).to(torch.bfloat16), cpu, torch.float32)
+
+
+def sample(path, *args):
+    command = [sys.executable, "sample.py", "--ckpt", str(path), "--device", "cpu", "--num_samples", "2",
+               "--max_new_tokens", "60", "--start", "ROMEO:", "--seed", "5", *args]
+    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_sample_py_prints_the_same_text_with_and_without_the_numpy_step(tmp_path):
+    config = GPTConfig(block_size=16, vocab_size=len(CHARS), n_layer=2, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    model = GPT(config)
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(40.0)
+    path = save_tiny(tmp_path / "m.pt", model.eval())
+    for options in (["--temperature", "0"], ["--temperature", "0.8", "--top_k", "5"]):
+        default = sample(path, *options)
+        assert default == sample(path, *options, "--cpu_decode", "false")
+        assert len(default) > 100
