@@ -8,6 +8,8 @@
     python bench.py memory      # memory per rank, DDP vs FSDP, with/without activation checkpointing
     python bench.py vocab       # char vs trained BPEs vs GPT-2 BPE on Tiny Shakespeare (slow)
     python bench.py lora        # full fine-tuning vs LoRA: peak memory and ms/step, GPT-2 124M and 355M (slow)
+    python bench.py budget      # configs/shakespeare_10min.py vs nanoGPT at 300/600/1200 CPU s (~70 min)
+    python bench.py gpt2_cpu    # GPT-2 124M batch-1 sampling: ours vs transformers vs llama.cpp
     python bench.py all         # prepare, train and sample in one go
 
 Every run first measures this machine's own fp32 matmul rate: on a CPU the best
@@ -37,6 +39,8 @@ SUITES = {
     "memory": "benchmarks.bench_memory",
     "vocab": "benchmarks.bench_vocab",
     "lora": "benchmarks.bench_lora",
+    "budget": "benchmarks.bench_budget",
+    "gpt2_cpu": "benchmarks.bench_gpt2_cpu",
 }
 ALL = ["prepare", "train", "sample"]  # speedrun takes ~15 minutes on its own
 RESULTS = Path(__file__).resolve().parent / "benchmarks" / "LOG.md"
@@ -87,6 +91,7 @@ def main(argv=None):
     lines = header_lines(command, peak)
     print("\n".join(lines))
     suites = ALL if args.suite == "all" else [args.suite]
+    tables_seen = []
     for name in suites:
         module = importlib.import_module(SUITES[name])
         suite_args = args
@@ -95,11 +100,14 @@ def main(argv=None):
             module.add_arguments(suite_parser)
             suite_args = suite_parser.parse_args([])
         suite_args.cpu_peak_flops = peak
+        suite_args.log_header, suite_args.log_path = lines, RESULTS  # for suites that log row by row
         for table in module.run(suite_args):
+            tables_seen.append(table)
             text = table.to_markdown()
             print(text + "\n", flush=True)
-            lines += [text, ""]
-    if not getattr(args, "no_record", False):
+            if not getattr(table, "recorded", False):  # else already in the log, row by row
+                lines += [text, ""]
+    if not getattr(args, "no_record", False) and not all(getattr(t, "recorded", False) for t in tables_seen):
         with open(RESULTS, "a") as f:
             f.write("\n".join(lines) + "\n")
         print(f"appended to {RESULTS.relative_to(RESULTS.parent.parent)}")
