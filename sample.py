@@ -98,7 +98,7 @@ class SampleConfig:
     )
     cpu_decode: bool = setting(
         True, "on a CPU in float32, run each new token's step with NumPy on the model's own weights "
-        "(gptkit/cpu_decode.py: the same computation, ~2x faster one-sample decoding there: BENCHMARKS.md); "
+        "(gptkit/cpu_decode.py: the same computation; one sample of the baby GPT 1.4x faster at one thread: BENCHMARKS.md); "
         "false: model.py's forward in PyTorch",
     )
     use_cache: bool = setting(True, "keep past keys/values (fast); false recomputes the whole context every token")

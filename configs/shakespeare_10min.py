@@ -7,9 +7,13 @@
 #   python sample.py --out_dir out-shakespeare-10min --start "ROMEO:"
 #
 # The quick start's block (configs/shakespeare.py: RoPE, RMSNorm, ReLU², QK-norm,
-# zero-init projections, an untied head, a logit soft-cap, Muon), grown to what six
-# times the quick start's budget pays for. With two threads it takes about as long
-# in wall time as one thread does (a 2-core laptop's two threads are often one core).
+# zero-init projections, an untied head, a logit soft-cap, Muon), 128 wide with 128
+# characters of context. Screened at 300 CPU s (benchmarks/LOG.md, 2026-12-02 15:10):
+# the quick start's own shape 1.5906, this shape 1.6002, four layers 1.6118 (over the
+# budget), four layers at block 64 1.6140; at 1200 CPU s this shape reached 1.5145
+# on the whole val split in 1104 CPU s (train loss 1.22: it starts to overfit 1M
+# characters, hence the dropout). With two threads it takes about as long in wall time
+# as one (a 2-core laptop's two threads are often one core).
 
 out_dir = "out-shakespeare-10min"
 dataset = "shakespeare_char"
