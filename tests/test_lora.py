@@ -196,19 +196,19 @@ def test_lora_run_learns_saves_adapters_only_and_exports_the_merged_model(hf_run
     merged, _, summary = load_model(out_dir=out)
     assert "LoRA rank 4" in summary and "merged" in summary
     with torch.no_grad():
-        torch.testing.assert_close(merged(idx)[0], expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(merged(idx)[0], expected, atol=5e-5, rtol=1e-5)  # merging rounds W + BA once: up to ~1.5e-5 here
 
     from gptkit.evaluation import load_candidate  # eval.py's loading
 
     with torch.no_grad():
-        torch.testing.assert_close(load_candidate(str(out)).model(idx)[0], expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(load_candidate(str(out)).model(idx)[0], expected, atol=5e-5, rtol=1e-5)
 
     from gptkit.interop.export import export_hf
 
     export_hf(out, tmp_path / "hf-out")
     exported = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf-out").eval()
     with torch.no_grad():
-        torch.testing.assert_close(exported(idx).logits, expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(exported(idx).logits, expected, atol=5e-5, rtol=1e-5)
         # the export scores the run's own val loss on the same windows
         x, y = idx[:, :-1], idx[:, 1:]
         ours = torch.nn.functional.cross_entropy(unmerged(x)[0].reshape(-1, 50257), y.reshape(-1))
