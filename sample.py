@@ -31,8 +31,8 @@ between block_size/2 and block_size tokens, as in training, and generation
 stays fast (the quick-start model has block_size 64, its samples are 500
 tokens). `--shift_context false` gives exactly nanoGPT's tokens. On a CPU in
 float32 each new token's step runs with NumPy on the model's own weights and
-cache (gptkit/cpu_decode.py: model.py's computation, tested equal to 1e-5), whose
-matrix products read the weights at the memory's speed; `--cpu_decode false` runs
+cache (gptkit/cpu_decode.py: model.py's computation, tested equal to 2e-5), whose
+matrix products read the weights faster than PyTorch's; `--cpu_decode false` runs
 model.py's PyTorch step instead.
 
 `--compile` compiles the one-token step once, gpt-fast's way (a cache allocated

@@ -45,8 +45,9 @@ def add_arguments(parser):
     parser.add_argument("--budgets", default="300,600,1200", help="comma-separated CPU-second budgets")
     parser.add_argument("--only", choices=("ours", "nanogpt", "both"), default="both")
     parser.add_argument("--nanogpt", default=None, help="a nanoGPT checkout (default: $NANOGPT_DIR)")
-    parser.add_argument("--nanogpt_iters_per_1200", type=int, default=7500,
-                        help="nanoGPT iterations that fill 1200 CPU s (README CPU shape; measure with a short run)")
+    parser.add_argument("--nanogpt_iters_per_1200", type=int, default=8250,
+                        help="nanoGPT iterations that fill 1200 CPU s (README CPU shape; 8250 at 0.14 s an "
+                        "iteration, measured 2026-12-02; measure with a short run)")
     parser.add_argument("--nanogpt_eval_interval", type=int, default=250, help="nanoGPT's own (default 250)")
     parser.add_argument("--candidate", action="append", default=[],
                         help="LABEL::train.py overrides on the config, its --max_iters meant for 1200 s (repeatable)")
@@ -92,13 +93,13 @@ def ours(args, label, overrides, budget, work):
     out = work / f"ours-{budget}-{len(list(work.iterdir()))}"
     data = out.with_name(out.name + "-data")  # prepared inside the budget
     overrides = [a for a in overrides if not a.startswith(("--max_iters=", "--eval_interval="))]  # scaled above
-    command = [sys.executable, "train.py", args.config, *overrides, f"--max_iters={iters}", f"--eval_interval={every}", f"--out_dir={out}",
-               f"--data_dir={data}", "--device=cpu", "--progress_bar=false"]
+    command = [sys.executable, "train.py", args.config, *overrides, f"--max_iters={iters}", f"--eval_interval={every}",
+               f"--out_dir={out}", f"--data_dir={data}", "--device=cpu", "--progress_bar=false"]
     r = one_thread.run_one_thread(command, REPO, out.with_suffix(".log"))
     evals = [x for x in read_metrics(out / "metrics.jsonl") if x.get("kind") == "eval"]
     best = min(e["val_loss"] for e in evals)  # best.pt's; the config evaluates the whole split
     shutil.rmtree(data, ignore_errors=True)
-    return dict(label=f"ours: {label}", iters=iters, score=best, command=command, **r)
+    return dict(label=f"ours: {label}", iters=iters, score=best, **r)
 
 
 def nanogpt(args, nano, budget, work):
@@ -119,7 +120,7 @@ def nanogpt(args, nano, budget, work):
             raise UserError(f"could not prepare Tiny Shakespeare to score nanoGPT's checkpoint on (exit {done.returncode})")
     score, _ = one_thread.full_split_val_loss(out / "ckpt.pt", one_thread.nanogpt_char_data(nano) / "meta.pkl",
                                               data_dir=score_data)
-    return dict(label="nanoGPT's own train.py", iters=iters, score=score, command=command, **r)
+    return dict(label="nanoGPT's own train.py", iters=iters, score=score, **r)
 
 
 class Recorder:

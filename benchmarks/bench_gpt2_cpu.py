@@ -14,7 +14,7 @@ n_threads=1), the samplers alternating A B C ... and the best of --repeats kept.
 Per token: the CPU seconds (process_time) between the first new token and the last
 over (n - 1), so the prompt and start-up cancel. The floor: every weight read once
 per token at this thread's measured read bandwidth.
-With --profile, a torch profile of our decoding says where our time goes.
+With --profile, a torch profile of model.py's PyTorch step (printed) says where its time goes.
 """
 
 import sys
@@ -167,7 +167,6 @@ def run(args):
     try:
         import transformers
 
-        (work / "hf").mkdir()
         export_gpt2(model, work / "hf")
         hf = transformers.GPT2LMHeadModel.from_pretrained(work / "hf").eval()
         samplers[f"transformers {transformers.__version__} generate (KV cache), fp32"] = lambda: transformers_generate(hf, n)

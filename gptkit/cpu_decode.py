@@ -20,7 +20,7 @@ one new token with NumPy arrays that share memory with the model's tensors:
 - the same formulas, in model.py's order, for every GPTConfig variant (positions,
   norms and their placement, MLPs, QK-norm, grouped-query heads, the soft-cap).
 
-tests/test_cpu_decode.py checks the logits against model.py's to 1e-5 for each
+tests/test_cpu_decode.py checks the logits against model.py's to 2e-5 for each
 variant and the sampled text against the PyTorch path. Anything else (a GPU,
 bfloat16, torch.compile) runs model.py as it is.
 """
@@ -33,9 +33,9 @@ import torch
 from model import NORM_EPS, KVCache
 
 
-def applies(model, device, dtype):
-    """Whether this decoder runs for `model` on `device` in `dtype` (a CPU, float32)."""
-    return device.type == "cpu" and dtype == torch.float32 and model.lm_head.weight.dtype == torch.float32
+def applies(model, device):
+    """Whether this decoder runs for `model` on `device`: a CPU, float32 weights."""
+    return device.type == "cpu" and model.lm_head.weight.dtype == torch.float32
 
 
 def transposed_in_place(linear):

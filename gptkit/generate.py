@@ -158,7 +158,7 @@ def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None):
     decoder = None
     if cfg.compile:
         decoder = CompiledDecoder(model, cfg.num_samples)
-    elif cfg.cpu_decode and cfg.use_cache and cpu_decode.applies(model, device, model.lm_head.weight.dtype):
+    elif cfg.cpu_decode and cfg.use_cache and cpu_decode.applies(model, device):
         decoder = cpu_decode.CPUDecoder(model)  # NumPy for each new token on a CPU in float32
     with torch.no_grad():
         steps = generate_stream(
