@@ -1,9 +1,8 @@
 """Checkpoint files: written atomically, loaded without running any code.
 
-A checkpoint on disk is always complete: we write to a temporary file in the
-same folder, flush and fsync it, then `os.replace` it over the old one (a rename
-within one file system is atomic), so a crash mid-save leaves the previous
-checkpoint. Loading first checks the zip container's CRC-32 of every entry (torch.load
+A checkpoint on disk is always complete: gptkit/atomic.py writes it to a temporary
+file in the same folder, fsyncs it and renames it over the old one (a rename within
+one file system is atomic), so a crash mid-save leaves the previous checkpoint. Loading first checks the zip container's CRC-32 of every entry (torch.load
 does not, so a flipped byte in tensor data would otherwise load as silently
 wrong weights), then uses `torch.load(weights_only=True)`, which refuses pickled
 objects that could execute code; everything we store is tensors and plain
@@ -11,7 +10,6 @@ Python values.
 """
 
 import contextlib
-import os
 import pickle
 import signal
 import threading
@@ -21,65 +19,45 @@ from pathlib import Path
 import torch
 
 from gptkit import faults
+from gptkit.atomic import atomic_write
 from gptkit.errors import RunFailed, UserError
-from gptkit.lock import fsync_dir
-from gptkit.paths import TEMP_MARK, temp_path  # TEMP_MARK: also named here as checkpoint.TEMP_MARK
+from gptkit.paths import TEMP_MARK  # noqa: F401  (also named here as checkpoint.TEMP_MARK)
 
 FORMAT_VERSION = 1
 
 
-def temp_path_for(path):
-    return temp_path(path)  # `.ckpt.pt.tmp-1234`, shortened for a name near the 255-byte limit
-
-
-def save_checkpoint(obj, path):
+def save_checkpoint(obj, path, replace=True):
     """Write `obj` to `path` atomically: the old file or the new one, never half.
 
     A checkpoint with a non-finite floating-point tensor (weights or optimizer state
     gone NaN or inf) is refused: the previous file stays, and the error names the
-    tensor. A Ctrl-C during the write waits until the file is in place."""
+    tensor. A Ctrl-C during the write waits until the file is in place. A run's own
+    checkpoints replace their previous file; replace=False (convert.py --to pt, a new
+    name) never replaces a file that appeared meanwhile (gptkit/atomic.py)."""
     path = Path(path)
     bad = non_finite_tensors(obj)
     if bad:
         more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
         raise RunFailed(f"not saving {path}: {bad[0]}{more} holds NaN or inf (the previous checkpoint is kept)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path_for(path)
+    kept = "the previous checkpoint is intact"
     try:
-        with deferred_interrupts():
+        with deferred_interrupts(), atomic_write(path, replace=replace, what="checkpoint ", kept=kept) as tmp:
             with open(tmp, "wb") as f:
                 torch.save(obj, f)
                 faults.maybe_exit_during_save()
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
-        tmp.unlink(missing_ok=True)
-        raise RunFailed(f"could not write checkpoint {path}: {e} (the previous checkpoint is intact)")
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    except RuntimeError as e:  # torch.save reports a full disk as RuntimeError
+        raise RunFailed(f"could not write checkpoint {path}: {e} ({kept})")
 
 
 def write_text_atomic(path, text):
     """Replace a small file (config.json, a trimmed metrics.jsonl; bytes such as a PNG too)
     atomically; a full disk is one RunFailed line and leaves no temporary file."""
-    path = Path(path)
-    tmp = temp_path_for(path)
-    try:
-        with deferred_interrupts():
-            if isinstance(text, bytes):
-                tmp.write_bytes(text)
-            else:
-                tmp.write_text(text)
-            os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise RunFailed(f"could not write {path}: {e.strerror or e}")
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with deferred_interrupts(), atomic_write(path) as tmp:
+        if isinstance(text, bytes):
+            tmp.write_bytes(text)
+        else:
+            tmp.write_text(text)
 
 
 def non_finite_tensors(obj, name="checkpoint"):

@@ -21,7 +21,6 @@ encode are skipped and counted, never silently dropped.
 import json
 import math
 import os
-import urllib.error
 from pathlib import Path
 
 import torch
@@ -45,7 +44,7 @@ def resolve_file(given):
         if not path.is_file():
             raise UserError(f"HellaSwag file {path} does not exist: pass the path of {FILE_NAME} (from {URL})")
         return path
-    from gptkit.interop.hf_gpt2 import download_file
+    from gptkit.interop.hf_gpt2 import DownloadFailed, download_file
 
     path = cache_dir() / FILE_NAME
     if path.is_file():
@@ -53,9 +52,9 @@ def resolve_file(given):
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         download_file(URL, path)
-    except (OSError, urllib.error.URLError) as e:  # URLError is an OSError; named for the reader
+    except DownloadFailed as e:
         raise UserError(
-            f"could not download HellaSwag from {URL} ({e}). Offline? Fetch {FILE_NAME} elsewhere "
+            f"could not download HellaSwag from {URL} ({e.__cause__}). Offline? Fetch {FILE_NAME} elsewhere "
             f"and pass it: --hellaswag PATH/{FILE_NAME} (or copy it to {path})"
         )
     return path

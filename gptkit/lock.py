@@ -11,9 +11,8 @@ file keeps the holder's pid, host and start time, only to name it in the message
 second writer gets. (flock is advisory and local: it does not protect a folder
 shared over NFS between machines.)
 
-Temporary files are `.<name>.tmp-<pid>[-<random>]` (checkpoint.py, prepare): one
-whose process is gone was never renamed into place, and is deleted at the next start.
-`fsync_dir` makes such a rename durable. (No torch here: prepare.py imports this.)
+Temporary files are `.<name>.tmp-<pid>[-<random>]` (gptkit/atomic.py writes them): one
+whose process is gone was never renamed into place, and is deleted at the next start. (No torch here: prepare.py imports this.)
 """
 
 import json
@@ -45,20 +44,6 @@ def pid_alive(pid):
     except OverflowError:
         return False
     return True
-
-
-def fsync_dir(folder):
-    """Make the rename itself durable (POSIX); a no-op where folders can't be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def remove_stale_temps(folder):

@@ -113,7 +113,7 @@ def claim_output(path, kind="file", overwrite=False, what="the output"):
         _check_writable(real, label)  # written into
     else:
         parent = _existing_ancestor(real.parent, label)
-        if kind == "file" and parent != real.parent:
+        if parent != real.parent and (kind == "file" or not overwrite):  # a run or dataset folder makes its parents
             raise UserError(f"cannot write {label}: the folder {shown(real.parent)} does not exist: create it first")
         _check_writable(parent, label)  # created there, or a temporary file renamed there
     return real if path.is_symlink() else path

@@ -14,18 +14,17 @@ The folder is written under a temporary name beside DEST and renamed at the end,
 so an error or Ctrl-C halfway never leaves a folder that looks complete.
 """
 
-import os
-import shutil
 from pathlib import Path
 
 from safetensors import SafetensorError
 
+from gptkit.atomic import atomic_write
 from gptkit.errors import RunFailed, UserError
 from gptkit.interop.hf_gpt2 import export_gpt2, gpt2_mismatches
 from gptkit.interop.hf_llama import export_llama, llama_mismatches
 from gptkit.interop.hf_tokenizer import write_tokenizer
 from gptkit.loading import load_model
-from gptkit.paths import claim_output, shown, temp_path
+from gptkit.paths import claim_output, shown
 
 
 def hf_architecture(config):
@@ -58,24 +57,15 @@ def export_hf(source, dest, data_dir="data"):
     dest = claim_output(dest, "folder", what="DEST")  # new or empty; convert.py checked it before loading too
     model, tokenizer, summary = load_source(source, data_dir)
     architecture = hf_architecture(model.config)  # before anything is written
-    tmp = temp_path(dest)
-    shutil.rmtree(tmp, ignore_errors=True)
+    # A new folder: published only if nothing appeared there meanwhile (gptkit/atomic.py).
     try:
-        tmp.mkdir()
-        eot = write_tokenizer(tokenizer.to_dict(), tmp, model.config.block_size)
-        if architecture == "gpt2":
-            export_gpt2(model, tmp)
-        else:
-            export_llama(model, tmp, eos_token_id=eot)
-        if dest.exists():
-            dest.rmdir()  # empty, checked above
-        os.replace(tmp, dest)
-    except (OSError, SafetensorError) as e:  # a full disk (safetensors says "I/O error"): the environment failed
-        shutil.rmtree(tmp, ignore_errors=True)
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
-        raise RunFailed(f"could not write {shown(dest)}: {reason} (nothing was left behind)")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with atomic_write(dest, replace=False, folder=True) as tmp:
+            eot = write_tokenizer(tokenizer.to_dict(), tmp, model.config.block_size)
+            if architecture == "gpt2":
+                export_gpt2(model, tmp)
+            else:
+                export_llama(model, tmp, eos_token_id=eot)
+    except SafetensorError as e:  # a full disk (safetensors says "I/O error"): the environment failed
+        raise RunFailed(f"could not write {shown(dest)}: {str(e).splitlines()[0]} (nothing was left behind)")
     kind = "GPT2LMHeadModel" if architecture == "gpt2" else "LlamaForCausalLM"
     return f"{summary}\nwrote {dest}: {kind} and its {tokenizer.to_dict()['type']} tokenizer"

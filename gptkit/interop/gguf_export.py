@@ -24,21 +24,22 @@ q·k unchanged, so the rows of q and k are reordered so that our pair i lands on
 llama.cpp's pair i, as llama.cpp's own converter does for Hugging Face's layout.
 `qwen3` rotates the halves like we do: nothing to reorder.
 
-The file is written under a temporary name in DEST's folder, fsynced and renamed:
-an error, a full disk or Ctrl-C never leaves a file that looks complete.
+The file is written under a temporary name in DEST's folder, fsynced and renamed
+only if nothing appeared at DEST meanwhile (gptkit/atomic.py): an error, a full
+disk, Ctrl-C or SIGTERM never leaves a file that looks complete, nor any temporary.
+f16 and q8_0 refuse a weight they cannot hold (beyond 65504, or a q8_0 block scale
+beyond it) instead of writing infinity.
 """
 
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from gptkit.checkpoint import temp_path_for
-from gptkit.errors import RunFailed, UserError
+from gptkit.atomic import atomic_write
+from gptkit.errors import UserError
 from gptkit.interop.gguf_vocab import add_vocab, gguf_vocab
 from gptkit.interop.hf_llama import llama_block
-from gptkit.lock import fsync_dir
 from gptkit.paths import claim_output
 
 OUTTYPES = ("f32", "f16", "q8_0")
@@ -200,26 +201,41 @@ def add_hyperparameters(writer, config, architecture, name):
 ALWAYS_F32 = ("position_embd.weight",)  # llama.cpp's converter always writes it in f32
 
 
+F16_MAX = 65504.0  # f16's largest finite value
+F16_OVERFLOW = 65520.0  # the least value that rounds to f16's infinity (half-way to 2**16, ties to even)
+
+
 def encode_tensor(name, tensor, outtype):
     """(numpy data, gguf type) for one tensor: 1-D ones (norms, biases) and the position
     table stay f32, as llama.cpp's converter writes them; q8_0 needs rows that are a
-    multiple of 32 values, other matrices go f16."""
+    multiple of 32 values, other matrices go f16. A value that the lossy type cannot
+    hold (beyond f16's 65504, or a q8_0 block whose f16 scale, its largest value / 127,
+    would be) is refused (UserError naming the tensor) instead of written as infinity."""
     import gguf
 
     data = tensor.detach().float().cpu().contiguous().numpy()
     if outtype == "f32" or data.ndim == 1 or name in ALWAYS_F32:
         return data, gguf.GGMLQuantizationType.F32
+    largest = float(np.abs(data).max()) if data.size else 0.0
     if outtype == "q8_0" and data.shape[-1] % Q8_BLOCK == 0:
+        if largest / 127 >= F16_OVERFLOW:  # gguf.quants stores each block's scale, max |x| / 127, as f16
+            raise UserError(f"--outtype q8_0: {name} holds {largest:.6g}, whose q8_0 block scale ({largest:.6g} / 127) "
+                            f"is beyond f16's largest value {F16_MAX:g} and would be written as infinity; "
+                            f"export with --outtype f32 (nothing was written)")
         q = gguf.GGMLQuantizationType.Q8_0
         return gguf.quants.quantize(data, q), q
+    if largest >= F16_OVERFLOW:
+        raise UserError(f"--outtype {outtype}: {name} holds {largest:.6g}, beyond f16's largest value {F16_MAX:g}: "
+                        f"it would be written as infinity; export with --outtype f32 (nothing was written)")
     return data.astype(np.float16), gguf.GGMLQuantizationType.F16
 
 
 FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7}  # gguf.LlamaFileType: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0
 
 
-def write_gguf(path, architecture, config, vocab, tensors, outtype, name):
-    """Write the GGUF file at `path` (overwritten): metadata, vocabulary, tensors."""
+def write_gguf(path, architecture, config, vocab, encoded, outtype, name):
+    """Write the GGUF file at `path` (overwritten): metadata, vocabulary, and the
+    tensors `encoded` {name: (data, gguf type)} (encode_tensor's)."""
     import gguf
 
     writer = gguf.GGUFWriter(path, architecture)
@@ -227,14 +243,12 @@ def write_gguf(path, architecture, config, vocab, tensors, outtype, name):
         add_hyperparameters(writer, config, architecture, name)
         writer.add_file_type(FILE_TYPES[outtype])
         add_vocab(writer, vocab)
-        for tensor_name, tensor in tensors.items():
-            data, qtype = encode_tensor(tensor_name, tensor, outtype)
+        for tensor_name, (data, qtype) in encoded.items():
             writer.add_tensor(tensor_name, data, raw_dtype=qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.flush()
-        os.fsync(writer.fout[0].fileno())  # the one output file; GGUFWriter has no fsync of its own
     finally:
         writer.close()
 
@@ -251,30 +265,19 @@ def export_gguf(source, dest, outtype="f16", data_dir="data"):
         import gguf  # noqa: F401  (a requirement; checked before the model is loaded)
     except ImportError:
         raise UserError("writing GGUF needs the gguf package: pip install -r requirements.txt")
-    tmp = temp_path_for(dest)
-    try:
-        tmp.open("wb").close()  # fails now, before any heavy work, where DEST's folder takes no files
-    except OSError as e:
-        raise UserError(f"cannot create a file in {dest.parent}: {e.strerror} (choose a folder you can write to)")
-    try:
-        model, tokenizer, summary = load_source(source, data_dir)
-        architecture = gguf_architecture(model.config)  # before anything is written
-        vocab = gguf_vocab(tokenizer.to_dict(), model.config.vocab_size)
-        sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-        if architecture == "gpt2":
-            tensors = gpt2_tensors(model, sd)
-        else:
-            tensors = llama_tensors(model, sd, architecture)
-        name = Path(source).resolve().parent.name if Path(source).is_file() else Path(source).resolve().name
-        write_gguf(tmp, architecture, model.config, vocab, tensors, outtype, name)
-        os.replace(tmp, dest)
-    except OSError as e:  # a full disk or a file size limit: the machine's state, not the user's input
-        tmp.unlink(missing_ok=True)
-        raise RunFailed(f"could not write {dest}: {e.strerror or e} (is the disk full?); no partial file was left")
-    except BaseException:  # a UserError, Ctrl-C: no file that looks complete is left either
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(dest.parent)
+    model, tokenizer, summary = load_source(source, data_dir)
+    architecture = gguf_architecture(model.config)  # before anything is written
+    vocab = gguf_vocab(tokenizer.to_dict(), model.config.vocab_size)
+    sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    if architecture == "gpt2":
+        tensors = gpt2_tensors(model, sd)
+    else:
+        tensors = llama_tensors(model, sd, architecture)
+    encoded = {name: encode_tensor(name, tensor, outtype) for name, tensor in tensors.items()}  # checked first
+    name = Path(source).resolve().parent.name if Path(source).is_file() else Path(source).resolve().name
+    # A new name: published only if nothing appeared there meanwhile (gptkit/atomic.py).
+    with atomic_write(dest, replace=False, kept="no partial file was left") as tmp:
+        write_gguf(tmp, architecture, model.config, vocab, encoded, outtype, name)
     lines = [summary, f"wrote {dest}: llama.cpp architecture {architecture}, {outtype}, "
                       f"{vocab.kind} tokenizer as llama.cpp's {vocab.model} ({dest.stat().st_size / 1e6:.2f} MB)"]
     c = model.config

@@ -20,8 +20,10 @@ and stops generating there (';' in Tiny Shakespeare's 65 characters: llama-cpp-p
 reports id 11 as an end-of-generation token). Its "rwkv" vocabulary has no default
 special tokens, and it matches tokens as byte strings, so characters of several
 UTF-8 bytes (é, —, 日, 🙂) come out whole too: no character vocabulary is refused.
-A token is stored with llama.cpp's rwkv escapes, of which only the backslash needs
-one here (llama-vocab.cpp, llama_unescape_rwkv_token).
+A token is stored with llama.cpp's rwkv escapes (llama-vocab.cpp,
+llama_unescape_rwkv_token): a backslash is written twice, and U+0000 as the escape
+\x00, since llama.cpp reads each token string as a C string, which ends at a NUL
+(stored raw, the token would become empty and a NUL in a prompt would match nothing).
 """
 
 from dataclasses import dataclass, field
@@ -58,11 +60,16 @@ def bpe_vocab(token_bytes, eot_id, kind):
     return Vocab("gpt2", tokens + [EOT], [NORMAL] * len(tokens) + [CONTROL], merges, eot_id, kind)
 
 
+def rwkv_escaped(ch):
+    """One character as llama.cpp's rwkv vocabulary spells it: a backslash twice, NUL as \\x00."""
+    return {"\\": "\\\\", "\0": "\\x00"}.get(ch, ch)
+
+
 def char_vocab(chars):
-    """Each character a token of its own (rwkv escapes: a backslash is written twice)."""
+    """Each character a token of its own, spelled with the rwkv escapes (rwkv_escaped)."""
     if len(set(chars)) != len(chars) or not all(isinstance(ch, str) and len(ch) == 1 for ch in chars):
         raise UserError("this character vocabulary is not a list of distinct single characters: it cannot be exported")
-    return Vocab("rwkv", [ch.replace("\\", "\\\\") for ch in chars], [NORMAL] * len(chars), kind="char")
+    return Vocab("rwkv", [rwkv_escaped(ch) for ch in chars], [NORMAL] * len(chars), kind="char")
 
 
 def gguf_vocab(tokenizer_dict, vocab_size):

@@ -15,13 +15,13 @@ torch.load(weights_only=True).
 
 import json
 import os
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from gptkit.atomic import atomic_write
 from gptkit.checkpoint import load_checkpoint
 from gptkit.errors import UserError
 from model import GPT, GPTConfig, NORM_EPS
@@ -36,13 +36,23 @@ def default_cache_dir():
     return Path(os.environ.get("GPT2_CACHE_DIR", Path.home() / ".cache" / "gpt2_weights"))
 
 
+class DownloadFailed(Exception):
+    """The network failed (its OSError is the cause); a full disk is RunFailed instead."""
+
+
 def download_file(url, dest, timeout=30):
-    """Fetch url into dest via a temporary file, so a broken download never looks complete."""
-    tmp = dest.with_name(dest.name + ".part")
-    with urllib.request.urlopen(url, timeout=timeout) as response, open(tmp, "wb") as f:
-        while chunk := response.read(1 << 20):
-            f.write(chunk)
-    os.replace(tmp, dest)
+    """Fetch url into dest via a temporary file (gptkit/atomic.py), so that a broken
+    download never looks complete."""
+    def network(call, *args):
+        try:
+            return call(*args)
+        except OSError as e:  # URLError, timeouts, resets: not the disk
+            raise DownloadFailed(e) from e
+
+    with network(urllib.request.urlopen, url, None, timeout) as response:
+        with atomic_write(dest) as tmp, open(tmp, "wb") as f:
+            while chunk := network(response.read, 1 << 20):
+                f.write(chunk)
 
 
 def hub_folder(name, cache_dir=None):
@@ -55,9 +65,9 @@ def hub_folder(name, cache_dir=None):
         url = HUB_URL.format(name=name, file=file)
         try:
             download_file(url, folder / file)
-        except (OSError, urllib.error.URLError) as e:  # URLError is an OSError; named for the reader
+        except DownloadFailed as e:
             raise UserError(
-                f"could not download {name} from {url} ({e}). Offline? Pass a local folder in "
+                f"could not download {name} from {url} ({e.__cause__}). Offline? Pass a local folder in "
                 "Hugging Face format instead (config.json plus model.safetensors or pytorch_model.bin), "
                 f"e.g. one written by GPT2LMHeadModel.save_pretrained, or copy the files into {folder}"
             )

@@ -30,11 +30,12 @@ from pathlib import Path
 import numpy as np
 
 from gptkit import faults
+from gptkit.atomic import fsync_dir, publish
 from gptkit.errors import UserError
-from gptkit.lock import LOCK_NAME, FolderLock, fsync_dir, remove_stale_temps
+from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
+from gptkit.paths import TEMP_MARK, claim_output
 from gptkit.prepare.encode import CHUNK_CHARS, any_cut, build_tasks, dtype_for, encode_task, gpt2_cut, make_pool, ordered_map, stop_pool
-from gptkit.prepare.shakespeare import TMP_MARK, shakespeare_input
-from gptkit.paths import claim_output
+from gptkit.prepare.shakespeare import shakespeare_input
 from gptkit.prepare.sources import iter_documents, resolve_inputs, spool_streams
 from gptkit.prepare.split import plan_split, scan_inputs
 from gptkit.tokenizer import BPE_FILE, GPT2_EOT_ID, load_gpt2_encoding
@@ -69,7 +70,7 @@ def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool
     find_cut = any_cut if kind == "char" else gpt2_cut  # the trained BPE pre-tokenizes as GPT-2 does
     stats = [(Path(s.path).stat().st_size, Path(s.path).stat().st_mtime_ns) for s in sources]
 
-    tag = f"{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    tag = f"{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
     names = ("train.bin", "val.bin") + ((BPE_FILE,) if kind == "bpe" else ()) + ("meta.json",)
     tmp = {name: folder / f".{name}{tag}" for name in names}
     counts = {"train": 0, "val": 0}
@@ -129,7 +130,7 @@ def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool
             (folder / BPE_FILE).unlink(missing_ok=True)  # an earlier BPE dataset's: no longer described
         fsync_dir(folder)
         for name in names:
-            os.replace(tmp[name], folder / name)
+            publish(tmp[name], folder / name)  # replaces the previous dataset's file
         fsync_dir(folder)
     finally:
         for path in tmp.values():
@@ -203,7 +204,7 @@ def prepare_dataset(
 
     created = [p for p in (folder, *folder.parents) if not p.exists()]  # made by the lock, removed on failure
     lock = FolderLock(folder, "prepare.py", "use another --name").acquire()  # one writer per dataset folder
-    tag = f"{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    tag = f"{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
     pool, copies = None, []
     try:
         remove_stale_temps(folder)

@@ -8,14 +8,13 @@ before it is renamed into place.
 
 import hashlib
 import os
-import secrets
 import sys
 import urllib.request
 from pathlib import Path
 
+from gptkit.atomic import atomic_write
 from gptkit.errors import UserError
 
-TMP_MARK = ".tmp-"  # temporary files are ".<final name>.tmp-<pid>-<random>"
 
 # nanoGPT's data/shakespeare_char/prepare.py downloads from this URL; the sha256
 # is of that file (1,115,394 bytes).
@@ -35,9 +34,8 @@ def sha256_file(path):
 def download_shakespeare(dest):
     """Download Tiny Shakespeare to `dest` through a temporary file, checking its sha256."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
     hint = "pass --input PATH to a local copy (or set TINYSHAKESPEARE=PATH)"
-    try:
+    with atomic_write(dest) as tmp:
         try:
             with urllib.request.urlopen(SHAKESPEARE_URL, timeout=60) as response, open(tmp, "wb") as f:
                 while block := response.read(1 << 16):
@@ -50,9 +48,6 @@ def download_shakespeare(dest):
             raise UserError(
                 f"the downloaded Tiny Shakespeare has sha256 {digest}, expected {SHAKESPEARE_SHA256}: {hint}"
             )
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
     return dest
 
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from gptkit.atomic import atomic_write
+from gptkit.errors import RunFailed
 from model import GPT, GPTConfig
 
 
@@ -156,16 +158,12 @@ def cpu_peak_flops(measure=None):
     if isinstance(cached, (int, float)) and cached >= measured:
         return float(cached)
     peaks[key] = measured
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"format": CPU_PEAK_FORMAT, "peaks": peaks}, indent=1) + "\n")
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
+        with atomic_write(path) as tmp:
+            tmp.write_text(json.dumps({"format": CPU_PEAK_FORMAT, "peaks": peaks}, indent=1) + "\n")
+    except (OSError, RunFailed):
+        pass
     return measured
 
 

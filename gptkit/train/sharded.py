@@ -64,7 +64,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from gptkit import faults
 from gptkit.checkpoint import non_finite_tensors, save_checkpoint
-from gptkit.lock import fsync_dir
+from gptkit.atomic import fsync_dir, publish
 from gptkit.errors import PeerFailed, RunFailed, UserError
 from gptkit.train import distributed
 from gptkit.train.run_state import RunState, rng_from_json, rng_state, rng_to_json
@@ -120,11 +120,11 @@ def save(kind, out_dir, model, optimizers, info, device, d):
             _write_json(tmp / RUN_FILE, run)  # last: its presence marks a whole checkpoint
             fsync_dir(tmp)
             if not folder.exists() and is_complete(old):  # a save died between its renames
-                os.replace(old, folder)
+                publish(old, folder)
             shutil.rmtree(old, ignore_errors=True)
             if folder.exists():
-                os.replace(folder, old)
-            os.replace(tmp, folder)
+                publish(folder, old)
+            publish(tmp, folder)
             fsync_dir(out_dir)
             shutil.rmtree(old, ignore_errors=True)
     except (OSError, CheckpointException) as e:  # DCP wraps a rank's OSError in CheckpointException
@@ -347,7 +347,7 @@ def sharded_to_single(src, dest):
 
     The result is what a DDP or one-device run saves: it resumes with
     --init_from=resume and samples with sample.py. Runs in one process."""
-    save_checkpoint(read_as_single(src), dest)
+    save_checkpoint(read_as_single(src), dest, replace=False)  # a new name: never replaces a file that appeared
     return Path(dest)
 
 

@@ -421,3 +421,108 @@ def test_a_trained_model_keeps_its_logits_and_q8_0_its_top_token(tmp_path, shake
         assert worst <= 1e-2 and same_top == 1.0, (outtype, worst, same_top)
     worst, same_top = compare(model, export(tmp_path, model, tok.to_dict(), "q8_0"), ids)
     assert same_top >= 0.9, (worst, same_top)
+
+
+# ---------------------------------------------------------------- edges: overflow, late writers, signals
+
+
+@pytest.mark.parametrize("outtype, where, value", [
+    ("f16", "transformer.h.0.mlp.c_fc.weight", 1e5),  # beyond f16's 65504
+    ("f16", "transformer.h.0.mlp.c_fc.weight", -65520.0),  # the least that rounds to -inf
+    ("q8_0", "lm_head.weight", 1e7),  # a block scale 1e7 / 127 beyond f16
+])
+def test_a_weight_a_lossy_outtype_cannot_hold_is_refused_by_name_and_nothing_is_written(tmp_path, outtype, where, value):
+    model = GPT(llama_shape(n_embd=64))
+    with torch.no_grad():
+        model.state_dict()[where][1, 3] = value
+    run = write_run(tmp_path / "run", model, CharTokenizer(CHARS).to_dict())
+    result = run_convert(str(run), str(tmp_path / "m.gguf"), "--to", "gguf", "--outtype", outtype)
+    assert_one_line_error(result, 2, f"--outtype {outtype}", f"{abs(value):.6g}", "f32")
+    assert "Warning" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert convert.main([str(run), str(tmp_path / "m.gguf"), "--to", "gguf", "--outtype", "f32"]) == 0  # f32 holds it
+
+
+def test_the_largest_value_f16_holds_is_exported_as_it_is(tmp_path):
+    model = GPT(llama_shape(n_embd=64))
+    with torch.no_grad():
+        model.transformer.h[0].mlp.c_fc.weight[0, 0] = 65504.0
+    _, tensors = read(export(tmp_path, model, CharTokenizer(CHARS).to_dict(), "f16"))
+    largest = {name: np.abs(values(t)).max() for name, t in tensors.items()}
+    assert all(np.isfinite(v) for v in largest.values()) and max(largest.values()) == 65504.0
+
+
+CONTROL_CHARS = [chr(i) for i in range(32)] + ["\x7f"]
+
+
+def test_a_nul_in_a_character_vocabulary_is_stored_escaped(tmp_path):
+    chars = CONTROL_CHARS + ["a", "\\"]
+    fields, _ = read(export(tmp_path, perturbed_model(small(vocab_size=len(chars))), CharTokenizer(chars).to_dict()))
+    tokens = fields["tokenizer.ggml.tokens"]
+    assert tokens[0] == "\\x00" and tokens[1:33] == CONTROL_CHARS[1:] and tokens[33:] == ["a", "\\\\"]
+
+
+@needs_llama_cpp
+def test_llama_cpp_tokenizes_every_control_character_nul_included_as_we_do(tmp_path):
+    chars = CONTROL_CHARS + list("ab x0\\")
+    tok = CharTokenizer(chars)
+    llm = llama_cpp_model(export(tmp_path, GPT(small(vocab_size=len(chars))), tok.to_dict()))
+    texts = ["".join(CONTROL_CHARS), "a\x00b", "\x00", "x\\x00\x00\\"] + [f"a{ch}b" for ch in CONTROL_CHARS]
+    for text in texts:
+        ids = llm.tokenize(text.encode(), add_bos=False, special=False)
+        assert ids == tok.encode(text), repr(text)
+        assert llm.detokenize(ids).decode() == text
+
+
+def test_a_file_that_appears_at_the_destination_during_the_export_is_left_untouched(tmp_path, monkeypatch):
+    from gptkit.interop import gguf_export
+
+    run = write_run(tmp_path / "run", GPT(llama_shape()), CharTokenizer(CHARS).to_dict())
+    dest = tmp_path / "m.gguf"
+    real_write = gguf_export.write_gguf
+
+    def write_while_another_program_creates_dest(path, *args):
+        real_write(path, *args)
+        dest.write_text("another program's")
+
+    monkeypatch.setattr(gguf_export, "write_gguf", write_while_another_program_creates_dest)
+    with pytest.raises(UserError, match="m.gguf appeared while this command was writing it"):
+        convert.main([str(run), str(dest), "--to", "gguf"])
+    assert dest.read_text() == "another program's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "run"]  # no temporary left
+
+
+def test_two_conversions_to_one_new_name_publish_one_file_and_the_other_fails(tmp_path):
+    models = {seed: perturbed_model(llama_shape(n_embd=128, n_layer=4), seed=seed) for seed in (1, 2)}
+    runs = {seed: write_run(tmp_path / f"run{seed}", model, CharTokenizer(CHARS).to_dict()) for seed, model in models.items()}
+    dest = tmp_path / "m.gguf"
+    code = "import sys, convert\nfrom gptkit.errors import run_main\nsys.argv = ['convert.py', *sys.argv[1:]]\nrun_main(convert.main)\n"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(run), str(dest), "--to", "gguf", "--outtype", "f32"],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for run in runs.values()]
+    results = [(p.wait(), *p.communicate()) for p in procs]
+    assert sorted(code for code, _, _ in results) == [0, 2], results
+    winner = next(seed for seed, (code, _, _) in zip(runs, results) if code == 0)
+    (_, _, err), = [r for r in results if r[0] == 2]
+    assert ("appeared while this command was writing it" in err or "already exists" in err) and len(err.strip().splitlines()) == 1, err
+    _, tensors = read(dest)  # the winner's model, whole
+    ours = models[winner].state_dict()["transformer.h.0.mlp.c_proj.weight"].numpy()
+    assert np.array_equal(values(tensors["blk.0.ffn_down.weight"]), ours)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "run1", "run2"]
+
+
+def test_sigterm_during_the_export_leaves_no_temporary_file(tmp_path):
+    run = write_run(tmp_path / "run", GPT(llama_shape()), CharTokenizer(CHARS).to_dict())
+    preamble = """
+        import os, signal
+        from gptkit.interop import gguf_export
+        real_write = gguf_export.write_gguf
+        def write_then_terminated(path, *args):
+            real_write(path, *args)
+            assert os.path.exists(path)  # the temporary, written
+            os.kill(os.getpid(), signal.SIGTERM)  # a timeout, a scheduler, systemd
+        gguf_export.write_gguf = write_then_terminated
+    """
+    result = run_convert(str(run), str(tmp_path / "m.gguf"), "--to", "gguf", preamble=preamble)
+    assert result.returncode == 128 + 15, result.stderr
+    assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
