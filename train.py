@@ -172,6 +172,12 @@ class TrainConfig:
             lora.parse_targets(self.lora_targets)
         except ValueError as e:
             problems.append(str(e))
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        lone = [f"lora_{name}={getattr(self, 'lora_' + name)!r}" for name in ("alpha", "dropout", "targets")
+                if self.lora_rank == 0 and getattr(self, "lora_" + name) != defaults["lora_" + name]]
+        if lone and self.init_from != "resume":  # resuming a LoRA run keeps its rank; lora_dropout applies
+            problems.append(f"{', '.join(lone)} without lora_rank: LoRA is off (lora_rank=0), so every weight would "
+                            "train; set --lora_rank=R (e.g. 8) for adapters, or leave out the LoRA settings")
         if self.lora_rank > 0 and self.init_from == "scratch":
             problems.append("lora_rank > 0 adapts a trained model: set --init_from=gpt2 (or a Hugging Face folder or a checkpoint file)")
         if self.lora_rank > 0 and self.optimizer == "muon":
@@ -329,6 +335,8 @@ def run(model_cfg, cfg, dist, start_time):
     try:
         while True:
             if state.eval_due(cfg.eval_interval, cfg.max_iters) or cfg.eval_only:
+                if state.iter_num >= cfg.max_iters and not cfg.eval_only:
+                    saver.save_finished(state)  # on disk before the last evaluation, which can fail
                 with log.clock.paused():  # train_cpu_s leaves evaluations out
                     scores = evaluate(model, plan, stop, log.eval_progress(state.iter_num))
                 if scores is None:  # a stop signal during the evaluation

@@ -207,13 +207,27 @@ def model_from_checkpoint(ckpt, source, data_dir="data", meta=None):
     return model, tokenizer, f"loaded {source} ({', '.join(details)})"
 
 
-def load_base(init_from, dropout=0.0):
-    """(GPT, tokenizer description) to fine-tune or to put adapters on: GPT-2 by hub
-    name, a Hugging Face folder, or a checkpoint file of ours (a LoRA run's comes merged)."""
-    from model import GPT  # imported here so `sample.py --help` stays quick
-
+def checkpoint_of(init_from):
+    """The checkpoint of ours that `init_from` names, or None (a hub name, a Hugging Face
+    folder): a checkpoint file; a run folder (best.pt, else ckpt.pt, else its FSDP
+    ckpt/, as sample.py picks); an FSDP run's sharded ckpt/ folder itself."""
     path = Path(init_from)
     if path.is_file():
+        return path
+    if path.is_dir() and (any((path / name).is_file() for name in CHECKPOINT_NAMES)
+                          or (path / "ckpt").is_dir() or (path / ".metadata").is_file()):
+        return find_checkpoint(path)  # UserError for an incomplete sharded one
+    return None
+
+
+def load_base(init_from, dropout=0.0):
+    """(GPT, tokenizer description) to fine-tune or to put adapters on: GPT-2 by hub
+    name, a Hugging Face folder, or a checkpoint of ours (checkpoint_of: a file, a run
+    folder or a sharded folder; a LoRA run's comes merged)."""
+    from model import GPT  # imported here so `sample.py --help` stays quick
+
+    path = checkpoint_of(init_from)
+    if path is not None:
         model, tokenizer, _ = model_from_checkpoint(read_checkpoint(path), path)
         if dropout:  # the loaded model never drops out; training may
             trained = GPT(dataclasses.replace(model.config, dropout=dropout))

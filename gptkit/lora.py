@@ -77,6 +77,22 @@ def parse_targets(text):
     return names
 
 
+def check_rank(model, rank, targets):
+    """UserError unless `rank` is at most the smaller side of every layer it adapts: the
+    update B·A of an (out, in) layer has rank at most min(out, in), so a larger rank only
+    adds parameters (and memory: B and A grow with it) that cannot change what it learns."""
+    block = model.transformer.h[0]
+    for target in targets:
+        layer = block.get_submodule(target)
+        width = min(layer.in_features, layer.out_features)
+        if rank > width:
+            raise UserError(
+                f"lora_rank={rank} is above what {target} ({layer.in_features} in, {layer.out_features} out) can use: "
+                f"its update has rank at most {width}, so the rest would only take memory; use lora_rank <= {width} "
+                f"(LoRA's usual ranks are 4 to 64)"
+            )
+
+
 def apply(model, rank, alpha, dropout, targets):
     """Freeze every parameter of `model` and give each target layer of every block a
     LoRALinear; returns the model (changed in place). `targets` are names from TARGETS."""

@@ -120,6 +120,10 @@ def test_fingerprint_names_every_base_value_and_ignores_adapters():
     ({"lora_rank": 4, "init_from": "gpt2", "lora_alpha": 0}, "lora_alpha=0"),
     ({"lora_rank": 4, "init_from": "gpt2", "lora_dropout": 1}, "lora_dropout=1"),
     ({"lora_rank": 4, "init_from": "gpt2", "optimizer": "muon"}, "LoRA adapters train with AdamW"),
+    ({"init_from": "gpt2", "lora_alpha": 16}, "lora_alpha=16.0 without lora_rank: LoRA is off"),
+    ({"init_from": "gpt2", "lora_dropout": 0.1}, "lora_dropout=0.1 without lora_rank"),
+    ({"init_from": "gpt2", "lora_targets": "all"}, "lora_targets='all' without lora_rank"),
+    ({"init_from": "gpt2", "lora_alpha": 8, "lora_targets": "all"}, "lora_alpha=8.0, lora_targets='all' without"),
 ])
 def test_impossible_lora_settings_are_refused_in_one_line(tmp_path, capsys, override, message):
     with pytest.raises(SystemExit) as info:
@@ -307,3 +311,44 @@ def test_a_checkpoint_file_as_init_from_fine_tunes_every_weight_from_it(char_bas
     write_char_dataset(tmp_path / "other", text="just a few other letters " * 2000)
     with pytest.raises(UserError, match="vocabulary mismatch: .*base.pt was trained with a char"):
         train.main(tiny_args(tmp_path / "other", tmp_path / "x", init_from=base))
+
+
+@pytest.mark.parametrize("rank, ok", [(32, True), (33, False), (10**12, False)])
+def test_a_rank_above_the_adapted_layers_width_is_refused_before_adapters_take_memory(char_base, tmp_path, capsys, rank, ok):
+    data, base = char_base  # 32 wide: attn.c_attn is 32 in, 96 out
+    args = tiny_args(data, tmp_path / "out", init_from=base, lora_rank=rank, max_iters=1, eval_interval=1)
+    if ok:
+        assert train.main(args) == 0
+        return
+    with pytest.raises(SystemExit) as info:
+        run_main(train.main, args)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"lora_rank={rank} is above what attn.c_attn (32 in, 96 out) can use" in err and "lora_rank <= 32" in err
+
+
+def test_resuming_a_lora_run_takes_lora_dropout_without_a_rank(char_base, tmp_path):
+    data, base = char_base
+    out = tmp_path / "out"
+    assert train.main(tiny_args(data, out, init_from=base, max_iters=2, eval_interval=2, **LORA)) == 0
+    assert train.main(tiny_args(data, out, init_from="resume", max_iters=4, eval_interval=2, lora_dropout=0.2)) == 0
+    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 4
+
+
+def test_a_run_folder_or_a_sharded_folder_as_base_loads_its_checkpoint(char_base, tmp_path):
+    from gptkit.loading import checkpoint_of
+
+    data, base = char_base
+    first = tmp_path / "first"
+    assert train.main(tiny_args(data, first, init_from=base, max_iters=2, eval_interval=2)) == 0
+    assert checkpoint_of(first) == first / "best.pt" and checkpoint_of(base) == base
+    out = tmp_path / "out"
+    assert train.main(tiny_args(data, out, init_from=first, learning_rate=0.0, max_iters=1, eval_interval=1, **LORA)) == 0
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert ckpt["lora"]["base"]["init_from"] == str((first / "best.pt").resolve())  # the file, not the folder
+    hf_like = tmp_path / "hf"
+    hf_like.mkdir()
+    assert checkpoint_of(hf_like) is None  # any other folder is a Hugging Face one
+    (tmp_path / "sharded" / "ckpt").mkdir(parents=True)  # an FSDP run's folder without a whole checkpoint
+    with pytest.raises(UserError, match="no checkpoint in"):
+        checkpoint_of(tmp_path / "sharded")

@@ -4,6 +4,7 @@ every rank writing its own shard (gptkit/train/sharded.py).
 
     saver = Checkpointer(out_dir, raw_model, optimizers, scaler, info, dist, device, parallel)
     saver.after_eval(state, scores, always_save=True)   # ckpt.pt, and best.pt when it improved
+    saver.save_finished(state)                           # ckpt.pt at the last step, before the final evaluation
 
 A checkpoint holds the raw model's state dict (never the DDP or compiled
 wrapper's, so no prefixes), the optimizers and GradScaler, every rank's RNG
@@ -71,6 +72,13 @@ class Checkpointer:
             obj["scaler"] = self.scaler.state_dict() if self.scaler.is_enabled() else None
             obj["rng"] = {**rng_state(self.device), "per_rank": rngs if self.dist.world_size > 1 else None}
         save_checkpoint(obj, self.out_dir / f"{kind}.pt")
+
+    def save_finished(self, state):
+        """Save ckpt at the last iteration, before the final evaluation: an evaluation
+        that fails there (out of memory is the common case) loses nothing trained.
+        after_eval saves it again with the evaluation's results, as at every eval."""
+        if state.iter_num > 0 and self.last_iter != state.iter_num:
+            self.save("ckpt", state)
 
     def after_eval(self, state, scores, always_save):
         """Record an evaluation ({split: Score}) in the state; save ckpt.pt (always, or when

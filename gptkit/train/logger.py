@@ -16,6 +16,7 @@ caching allocator holds, what nvidia-smi shows, less CUDA's own context); None
 where CUDA is not in use.
 """
 
+import collections
 import json
 import math
 import netrc
@@ -30,6 +31,9 @@ import torch
 
 from gptkit.checkpoint import write_text_atomic
 from gptkit.errors import RunFailed, UserError, first_line
+
+
+ETA_WINDOW = 100  # steps whose mean duration paces the ETA
 
 
 def format_duration(seconds):
@@ -144,7 +148,8 @@ class Logger:
         self.wandb = None
         self.metrics = None
         self.total_iters = cfg.max_iters
-        self.seconds_per_iter = None  # a running mean, for the ETA
+        self.step_seconds = collections.deque(maxlen=ETA_WINDOW)  # the latest steps' durations, for the ETA
+        self.steps_timed = 0
         self.tty = sys.stdout.isatty()
         if not enabled:
             return
@@ -235,10 +240,18 @@ class Logger:
 
     def advance(self, seconds):
         """One more iteration done, that took `seconds`."""
-        mean = self.seconds_per_iter
-        self.seconds_per_iter = seconds if mean is None else 0.9 * mean + 0.1 * seconds
+        self.steps_timed += 1
+        if self.steps_timed == 2:
+            self.step_seconds.clear()  # the process's first step compiles and warms up: not the pace
+        self.step_seconds.append(seconds)
         if self.bar is not None:
             self.bar.update(1)
+
+    @property
+    def seconds_per_iter(self):
+        """The ETA's pace: the mean of the last ETA_WINDOW steps (evaluations are not steps),
+        so that one slow or fast step on a loaded machine moves it by 1/ETA_WINDOW."""
+        return sum(self.step_seconds) / len(self.step_seconds) if self.step_seconds else None
 
     def eval_progress(self, iter_num):
         """A progress reporter for one evaluation (see EvalProgress)."""

@@ -31,7 +31,7 @@ from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.device import enable_tf32, resolve_device, training_dtype
 from gptkit.errors import UserError, first_line
 from gptkit.interop.hf_gpt2 import HUB_NAMES
-from gptkit.loading import adapted_model, load_base
+from gptkit.loading import adapted_model, checkpoint_of, load_base
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
 from gptkit.paths import claim_output
 from gptkit.tokenizer import tokenizer_from_dict
@@ -227,23 +227,26 @@ def init_model(model_cfg, cfg, meta, out_dir):
             model.load_state_dict(ckpt["model"])
         return model, model_cfg, ckpt
     if cfg.init_from in HUB_NAMES or Path(cfg.init_from).exists():
-        is_file = Path(cfg.init_from).is_file()
-        if not is_file and meta["tokenizer"].get("type") != "gpt2":
+        ours = checkpoint_of(cfg.init_from)  # a file, or a run or sharded folder of ours: the checkpoint in it
+        init_from = cfg.init_from if ours is None else str(ours)
+        if ours is None and meta["tokenizer"].get("type") != "gpt2":
             raise UserError(
                 f"vocabulary mismatch: init_from={cfg.init_from} uses GPT-2's BPE vocabulary, but dataset "
                 f"{cfg.dataset} has a {describe_vocab(meta['tokenizer'], meta['vocab_size'])} one: prepare it with --tokenizer gpt2"
             )
-        model, tokenizer = load_base(cfg.init_from, dropout=model_cfg.dropout)
-        if is_file and (tokenizer != tokenizer_from_dict(meta["tokenizer"]).to_dict() or model.config.vocab_size != meta["vocab_size"]):
+        model, tokenizer = load_base(init_from, dropout=model_cfg.dropout)
+        if ours is not None and (tokenizer != tokenizer_from_dict(meta["tokenizer"]).to_dict() or model.config.vocab_size != meta["vocab_size"]):
             raise UserError(
-                f"vocabulary mismatch: {cfg.init_from} was trained with a {describe_vocab(tokenizer, model.config.vocab_size)} "
+                f"vocabulary mismatch: {init_from} was trained with a {describe_vocab(tokenizer, model.config.vocab_size)} "
                 f"vocabulary, but dataset {cfg.dataset} has a {describe_vocab(meta['tokenizer'], meta['vocab_size'])} one"
             )
-        base = {"init_from": base_location(cfg.init_from), "fingerprint": lora.fingerprint(model)} if cfg.lora_rank else None
+        base = {"init_from": base_location(init_from), "fingerprint": lora.fingerprint(model)} if cfg.lora_rank else None
         if model_cfg.block_size < model.config.block_size:
             model.crop_block_size(model_cfg.block_size)  # before LoRA: cropping makes a new (trainable) wpe
         if cfg.lora_rank:
-            lora.apply(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, lora.parse_targets(cfg.lora_targets))
+            targets = lora.parse_targets(cfg.lora_targets)
+            lora.check_rank(model, cfg.lora_rank, targets)  # before the adapters take any memory
+            lora.apply(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, targets)
             model.lora_spec["base"] = base
         return model, model.config, None
     raise UserError(

@@ -356,3 +356,44 @@ def test_running_out_of_memory_is_a_message_not_a_traceback(capsys):
         run_main(main)
     assert e.value.code == 1
     assert capsys.readouterr().err.startswith("error: out of memory (")
+
+
+def test_a_final_evaluation_that_fails_loses_no_trained_step(data_dir, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    real_evaluate, calls = train.evaluate, []
+
+    def out_of_memory_at_the_end(model, plan, stop, progress):
+        calls.append(progress.iter_num)
+        if progress.iter_num == 20:
+            raise torch.OutOfMemoryError("CPU out of memory (injected in the final evaluation)")
+        return real_evaluate(model, plan, stop, progress)
+
+    monkeypatch.setattr(train, "evaluate", out_of_memory_at_the_end)
+    with pytest.raises(torch.OutOfMemoryError):
+        train.main(tiny_args(data_dir, out, max_iters=20, eval_interval=15))
+    assert calls == [0, 15, 20]
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert ckpt["iter_num"] == 20 and ckpt["last_eval_iter"] == 15  # the trained steps, saved before the evaluation
+    assert load_checkpoint(out / "best.pt")["iter_num"] == 15  # best follows the evaluations only
+    monkeypatch.setattr(train, "evaluate", real_evaluate)
+    assert train.main(tiny_args(data_dir, out, max_iters=20, eval_interval=15, init_from="resume")) == 0
+    assert [r["iter"] for r in read_metrics(out, "eval")] == [0, 15, 20]  # the missing evaluation, done on resume
+    assert load_checkpoint(out / "ckpt.pt")["last_eval_iter"] == 20
+
+
+def test_the_eta_follows_the_mean_of_recent_steps_not_the_last_one():
+    from types import SimpleNamespace
+
+    from gptkit.train import logger
+    from gptkit.train.run_state import RunState
+
+    cfg = SimpleNamespace(out_dir="unused", log_interval=1, max_iters=1000, wandb_log=False, init_from="scratch",
+                          progress_bar=False)
+    log = logger.Logger(cfg, RunState(), {}, enabled=False)
+    log.advance(30.0)  # the first step compiles: not the pace
+    assert log.seconds_per_iter == 30.0
+    for _ in range(logger.ETA_WINDOW):
+        log.advance(0.1)
+    assert log.seconds_per_iter == pytest.approx(0.1)
+    log.advance(10.0)  # one step 100x slower on a loaded machine moves the pace by a 100th of it
+    assert log.seconds_per_iter == pytest.approx(0.1 + 9.9 / logger.ETA_WINDOW)
