@@ -189,16 +189,16 @@ def main(argv=None):
     prompt = read_prompt(cfg.start)
     torch.manual_seed(cfg.seed)
     model, tokenizer, summary = load_model(cfg.init_from, cfg.out_dir, cfg.ckpt, cfg.data_dir, cfg.meta)
-    print(summary, file=sys.stderr)
     prompt_ids = encode_prompt(tokenizer, prompt)  # before any heavy work: unknown characters fail here
-    model.to(device=device, dtype=inference_dtype(cfg.dtype, device))
+    if cfg.attention is not None and not 0 <= cfg.layer < model.config.n_layer:
+        raise UserError(f"--layer {cfg.layer} does not exist: this model has layers 0 to {model.config.n_layer - 1}")
+    dtype = inference_dtype(cfg.dtype, device)
+    print(summary, file=sys.stderr)  # after the checks: a mistake's error is the only line printed
+    model.to(device=device, dtype=dtype)
 
     if cfg.attention is not None:
         from gptkit.attention_plot import draw_attention
 
-        if not 0 <= cfg.layer < model.config.n_layer:
-            last = model.config.n_layer - 1
-            raise UserError(f"--layer {cfg.layer} does not exist: this model has layers 0 to {last}")
         path = draw_attention(model, tokenizer, prompt, cfg.layer, cfg.attention)
         print(f"wrote {path}", file=sys.stderr)
         return 0

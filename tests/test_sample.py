@@ -219,6 +219,14 @@ def test_unknown_prompt_characters_are_listed(tiny, capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("extra", [[], ["--compile", "true"], ["--attention", "a.png", "--layer", "5"]])
+def test_a_mistake_found_after_loading_is_the_only_line_printed(tiny, capsys, extra):
+    _, out = tiny
+    start = "ROMEO:" if "--layer" in extra else "@@@"
+    code, err = run_cli(capsys, "--out_dir", str(out), "--start", start, *extra)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+
+
 def test_default_out_dir_prefers_best_then_ckpt(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     model = tiny_model()
