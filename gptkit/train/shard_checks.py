@@ -144,7 +144,8 @@ def _verify(folder, dfd, fds, rank, world_size, note):
         raise UserError(f"{folder / RUN_FILE} lists no {METADATA_FILE}: the checkpoint is incomplete")
     sizes = {}
     for name, record in sorted(records.items()):
-        sizes[name] = os.fstat(_open(dfd, folder, name, fds)).st_size
+        cap = MAX_METADATA_BYTES if name == METADATA_FILE else None  # the index is unpickled: capped; shards are mapped
+        sizes[name] = os.fstat(_open(dfd, folder, name, fds, cap)).st_size
         if record is not None and sizes[name] != record["bytes"]:
             raise UserError(f"{folder / name} is {sizes[name]:,} bytes but was saved with {record['bytes']:,}: "
                             "it is truncated or damaged; use another checkpoint or copy it again")

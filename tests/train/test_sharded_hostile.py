@@ -279,6 +279,14 @@ def test_a_huge_or_odd_run_json_is_refused_before_it_is_read(copy):
     refused(copy, r"run.json is a FIFO")
 
 
+def test_an_oversized_metadata_is_refused_before_it_is_read(copy):
+    path = copy / "ckpt" / ".metadata"
+    with open(path, "r+b") as f:
+        f.truncate((1 << 30) + 1)  # sparse, one byte over the cap; run.json re-pinned to match
+    repin(copy / "ckpt")
+    refused(copy, r"\.metadata is 1,073,741,825 bytes, more than the 1,073,741,824")
+
+
 def test_convert_and_resume_refuse_in_one_line_with_exit_2(copy, saved):
     """As users run them: convert.py and train.py --init_from=resume in their own processes."""
     shard = copy / "ckpt" / "__0_0.distcp"
