@@ -19,8 +19,8 @@ one new token with NumPy arrays that share memory with the model's tensors:
   fills it; each token's keys and values are then written into it here;
 - the same formulas, in model.py's order, for every GPTConfig variant (positions,
   norms and their placement, MLPs, QK-norm, grouped-query heads, the soft-cap).
-  The norms are model.py's own calls (F.layer_norm, F.rms_norm) on the same memory:
-  one PyTorch call costs less than the five NumPy operations it replaces.
+  The norms and GELUs are model.py's own calls (F.layer_norm, F.rms_norm, F.gelu)
+  on the same memory: one PyTorch call costs less than the NumPy operations it replaces.
 
 tests/test_cpu_decode.py checks the logits against model.py's to 2e-5 for each
 variant and the sampled text against the PyTorch path. Anything else (a GPU,
@@ -75,12 +75,12 @@ def normalize(x, kind, weight, bias):
     return (t if bias is None else t + bias).numpy()
 
 
-def gelu_tanh(h):
-    return 0.5 * h * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h * h * h)))
+def gelu_tanh(h):  # model.py's nn.GELU(approximate="tanh"), on the same memory
+    return F.gelu(torch.from_numpy(h), approximate="tanh").numpy()
 
 
-def gelu_exact(h):  # NumPy has no erf: PyTorch's, on the same memory
-    return 0.5 * h * (1.0 + torch.erf(torch.from_numpy(h) * (1.0 / math.sqrt(2.0))).numpy())
+def gelu_exact(h):  # nn.GELU(): the erf form
+    return F.gelu(torch.from_numpy(h)).numpy()
 
 
 def relu2(h):
