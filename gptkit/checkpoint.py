@@ -2,11 +2,11 @@
 
 A checkpoint on disk is always complete: gptkit/atomic.py writes it to a temporary
 file in the same folder, fsyncs it and renames it over the old one (a rename within
-one file system is atomic), so a crash mid-save leaves the previous checkpoint. Loading first checks the zip container's CRC-32 of every entry (torch.load
-does not, so a flipped byte in tensor data would otherwise load as silently
-wrong weights), then uses `torch.load(weights_only=True)`, which refuses pickled
-objects that could execute code; everything we store is tensors and plain
-Python values.
+one file system is atomic), so a crash mid-save leaves the previous checkpoint.
+Loading first checks the zip container's CRC-32 of every entry (torch.load does
+not, so a flipped byte in tensor data would otherwise load as silently wrong
+weights), then uses `torch.load(weights_only=True)`, which refuses pickled objects
+that could execute code; everything we store is tensors and plain Python values.
 """
 
 import contextlib

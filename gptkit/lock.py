@@ -12,7 +12,8 @@ second writer gets. (flock is advisory and local: it does not protect a folder
 shared over NFS between machines.)
 
 Temporary files are `.<name>.tmp-<pid>[-<random>]` (gptkit/atomic.py writes them): one
-whose process is gone was never renamed into place, and is deleted at the next start. (No torch here: prepare.py imports this.)
+whose process is gone was never renamed into place, and is deleted at the next start.
+(No torch here: prepare.py imports this.)
 """
 
 import json

@@ -63,8 +63,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from gptkit import faults
-from gptkit.checkpoint import non_finite_tensors, save_checkpoint
 from gptkit.atomic import fsync_dir, publish
+from gptkit.checkpoint import non_finite_tensors, save_checkpoint
 from gptkit.errors import PeerFailed, RunFailed, UserError
 from gptkit.train import distributed
 from gptkit.train.run_state import RunState, rng_from_json, rng_state, rng_to_json

@@ -333,3 +333,18 @@ def test_a_two_rank_resume_stops_every_rank_on_the_shard_one_rank_found_damaged(
     assert result.returncode != 0
     assert "error: on rank 1: " in result.stderr and "__1_0.distcp fails its checksum" in result.stderr, result.stderr[-2000:]
     assert (copy / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_a_sharded_run_folder_or_its_ckpt_folder_is_a_base_to_fine_tune_from(copy, saved, tmp_path):
+    from gptkit.loading import checkpoint_of
+
+    data = saved[0]
+    assert checkpoint_of(copy) == copy / "best.pt"  # a run folder: what sample.py would load
+    (copy / "best.pt").unlink()
+    assert checkpoint_of(copy) == checkpoint_of(copy / "ckpt") == copy / "ckpt"  # the sharded checkpoint itself
+    weights = sharded.read_as_single(copy / "ckpt")["model"]
+    for n, base in enumerate((copy, copy / "ckpt")):
+        out = tmp_path / f"tuned{n}"
+        assert train.main(tiny_args(data, out, init_from=base, learning_rate=0.0, max_iters=1, eval_interval=1)) == 0
+        tuned = load_checkpoint(out / "ckpt.pt")["model"]
+        assert all(torch.equal(tuned[k], v) for k, v in weights.items())  # learning rate 0: the base's weights
