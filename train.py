@@ -336,7 +336,7 @@ def run(model_cfg, cfg, dist, start_time):
         while True:
             if state.eval_due(cfg.eval_interval, cfg.max_iters) or cfg.eval_only:
                 if state.iter_num >= cfg.max_iters and not cfg.eval_only:
-                    saver.save_finished(state)  # on disk before the last evaluation, which can fail
+                    saver.save_finished(state, cfg.always_save_checkpoint)  # before the last evaluation, which can fail
                 with log.clock.paused():  # train_cpu_s leaves evaluations out
                     scores = evaluate(model, plan, stop, log.eval_progress(state.iter_num))
                 if scores is None:  # a stop signal during the evaluation

@@ -4,7 +4,7 @@ every rank writing its own shard (gptkit/train/sharded.py).
 
     saver = Checkpointer(out_dir, raw_model, optimizers, scaler, info, dist, device, parallel)
     saver.after_eval(state, scores, always_save=True)   # ckpt.pt, and best.pt when it improved
-    saver.save_finished(state)                           # ckpt.pt at the last step, before the final evaluation
+    saver.save_finished(state, always_save=True)         # ckpt.pt at the last step, before the final evaluation
 
 A checkpoint holds the raw model's state dict (never the DDP or compiled
 wrapper's, so no prefixes), the optimizers and GradScaler, every rank's RNG
@@ -73,11 +73,13 @@ class Checkpointer:
             obj["rng"] = {**rng_state(self.device), "per_rank": rngs if self.dist.world_size > 1 else None}
         save_checkpoint(obj, self.out_dir / f"{kind}.pt")
 
-    def save_finished(self, state):
+    def save_finished(self, state, always_save):
         """Save ckpt at the last iteration, before the final evaluation: an evaluation
         that fails there (out of memory is the common case) loses nothing trained.
-        after_eval saves it again with the evaluation's results, as at every eval."""
-        if state.iter_num > 0 and self.last_iter != state.iter_num:
+        after_eval saves it again with the evaluation's results, as at every eval.
+        With always_save=False ckpt holds improvements only (nanoGPT's meaning), so
+        the final state waits for the evaluation to say whether it is one."""
+        if always_save and state.iter_num > 0 and self.last_iter != state.iter_num:
             self.save("ckpt", state)
 
     def after_eval(self, state, scores, always_save):
