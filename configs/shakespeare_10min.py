@@ -13,8 +13,9 @@
 # (1.5906) before this shape at block 128 (1.6002); at 1200 CPU s this shape reached
 # 1.5145 at block 128 (2150 steps), 1.5042 at block 256 with half the batch (the
 # same tokens a step, 1950 steps: the whole-split score gives each token half a
-# block of context on average), and dropout 0.1 cost 0.056 (the model is still
-# learning when the budget ends). max_iters fits 1200 CPU s on the slowest day
+# block of context on average), and 1.4992 with muon_lr 0.025 (this config);
+# dropout 0.1 cost 0.056 (the model is still learning when the budget ends), block
+# 512 and the quick start's 96 width lost. max_iters fits 1200 CPU s on the slowest day
 # measured (this machine's speed varied 1.6x within a day). With two threads it
 # takes about as long in wall time as one (a 2-core laptop's two threads are often one core).
 
@@ -37,7 +38,7 @@ tie_embeddings = False
 logit_softcap = 15.0
 
 optimizer = "muon"
-muon_lr = 0.03
+muon_lr = 0.025
 learning_rate = 3e-3
 weight_decay = 0.0
 batch_size = 16
