@@ -30,6 +30,7 @@ a SIGTERM handler of its own (training stops cleanly at the end of a step).
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import shutil
 import signal
@@ -48,50 +49,29 @@ class Appeared(UserError):
     """The destination was created by someone else while this command wrote it."""
 
 
+@contextlib.contextmanager
 def atomic_write(path, replace=True, folder=False, what="", kept="nothing was left behind"):
-    """Context manager: yields a temporary Path beside `path` to write (a file, or with
-    folder=True an empty folder to fill), and publishes it at `path` when the block
-    ends without an error; see the module's docstring. An OSError (a full disk) is
-    one RunFailed line, "could not write {what}{path}: ... ({kept})"."""
-    return _AtomicWrite(Path(path), replace, folder, what, kept)
-
-
-class _AtomicWrite(contextlib.AbstractContextManager):
-    def __init__(self, path, replace, folder, what, kept):
-        self.path, self.replace, self.folder = path, replace, folder
-        self.label, self.kept = f"{what}{shown(path)}", kept
-        self.tmp = temp_path(path)
-
-    def __enter__(self):
-        self.restore = _terminate_by_exception()
-        try:
-            _remove(self.tmp)  # a leftover of an earlier process with this pid
-            if self.folder:
-                self.tmp.mkdir()
-        except OSError as e:
-            self._end()
-            raise RunFailed(f"could not write {self.label}: {e.strerror or e} ({self.kept})")
-        return self.tmp
-
-    def __exit__(self, kind, error, trace):
-        try:
-            if kind is None:
-                fsync_tree(self.tmp)
-                publish(self.tmp, self.path, replace=self.replace)
-                fsync_dir(self.path.parent)
-        except OSError as e:
-            error = e
-        finally:
-            _remove(self.tmp)  # gone already once published
-            self._end()
-        if isinstance(error, OSError):  # a full disk, a file size limit: the machine's state, not the user's input
-            raise RunFailed(f"could not write {self.label}: {error.strerror or error} ({self.kept})") from error
-        return False
-
-    def _end(self):
-        if self.restore is not None:
-            self.restore()
-            self.restore = None
+    """Yield a temporary Path beside `path` to write (a file, or with folder=True an
+    empty folder to fill), and publish it at `path` when the block ends without an
+    error; see the module's docstring. An OSError (a full disk), in the block or in
+    publishing, is one RunFailed line, "could not write {what}{path}: ... ({kept})"."""
+    path = Path(path)
+    tmp = temp_path(path)
+    restore = _terminate_by_exception()
+    try:
+        _remove(tmp)  # a leftover of an earlier process with this pid
+        if folder:
+            tmp.mkdir()
+        yield tmp
+        fsync_tree(tmp)
+        publish(tmp, path, replace=replace)
+        fsync_dir(path.parent)
+    except OSError as e:  # the machine's state, not the user's input
+        raise RunFailed(f"could not write {what}{shown(path)}: {e.strerror or e} ({kept})") from e
+    finally:
+        _remove(tmp)  # gone already once published
+        if restore is not None:
+            restore()
 
 
 def publish(tmp, dest, replace=True):
@@ -144,21 +124,18 @@ def _rename_noreplace(src, dst):
     raise OSError(code, os.strerror(code), str(dst))
 
 
-_LIBC = []
-
-
+@functools.cache
 def _libc():
-    if not _LIBC:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            rename = getattr(libc, "renameat2", None)
-            if rename is not None:
-                rename.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-                rename.restype = ctypes.c_int
-        except OSError:  # no C library to load (not a POSIX system)
-            libc = None
-        _LIBC.append(libc)
-    return _LIBC[0]
+    """The C library with renameat2's signature set, or None (not a POSIX system)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    rename = getattr(libc, "renameat2", None)
+    if rename is not None:
+        rename.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        rename.restype = ctypes.c_int
+    return libc
 
 
 def fsync_tree(path):
