@@ -113,8 +113,8 @@ def main(argv=None):
     results = []
     for spec, init_from in [(m, False) for m in args.models] + [(m, True) for m in args.init_from]:
         candidate = evaluation.load_candidate(spec, init_from)
-        print(candidate.summary, file=sys.stderr)
         result = evaluation.evaluate_candidate(candidate, settings, texts, split, items)
+        print(candidate.summary, file=sys.stderr)  # after the checks: a mistake's error is the only line
         if result.score is not None:
             s = result.score
             print(f"{result.name}: {s.tokens:,} tokens in {result.seconds:.1f} s "

@@ -181,11 +181,12 @@ def test_bad_inputs_exit_2_with_the_reason(trained, tmp_path, capsys):
     run = str(runs[0])
     (tmp_path / "short.txt").write_text("a")
     assert exit_code([run, "--input", str(tmp_path / "short.txt")]) == 2
-    assert "1 token(s) long" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "1 token(s) long" in err and len(err.splitlines()) == 1  # the error is the only line
     (tmp_path / "odd.txt").write_text("Hello 東京 ∑ ∑")
     assert exit_code([run, "--input", str(tmp_path / "odd.txt")]) == 2
     err = capsys.readouterr().err
-    assert "3 character(s) outside" in err and "'東'" in err and "run-a" in err
+    assert "3 character(s) outside" in err and "'東'" in err and "run-a" in err and len(err.splitlines()) == 1
     lines = [json.dumps({"ctx": "He", "endings": ["a", "b", "c", "d"], "label": 0}), '{"ctx": "x", "endings": ["a"]}']
     (tmp_path / "hs.jsonl").write_text("\n".join(lines) + "\n")
     assert exit_code([run, "--hellaswag", str(tmp_path / "hs.jsonl")]) == 2
