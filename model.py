@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptkit.config import setting
+from gptkit.config import choice_problems, setting
 
 CHOICES = {
     "pos_encoding": ("learned", "sinusoidal", "rope", "none"),
@@ -74,9 +74,7 @@ class GPTConfig:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "pad_vocab_multiple"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
-        for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                problems.append(f"{name}={getattr(self, name)!r} must be one of {', '.join(allowed)}")
+        problems += choice_problems(self, CHOICES)
         if self.n_head >= 1 and self.n_embd % self.n_head:
             problems.append(
                 f"n_embd={self.n_embd} must be divisible by n_head={self.n_head} (each head gets n_embd/n_head dims)"
@@ -500,8 +498,13 @@ class GPT(nn.Module):
             else:
                 logits = logits / temperature
                 if top_k:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]  # (B, 1)
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                    logits = filter_top_k(logits, top_k)
                 next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)  # (B, 1)
             idx = torch.cat((idx, next_id), dim=1)
         return idx
+
+
+def filter_top_k(logits, k):
+    """Keep the k largest logits of each row (ties with the k-th are kept too)."""
+    kth = torch.topk(logits, min(k, logits.size(-1)), dim=-1).values[:, -1:]  # (B, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))

@@ -34,7 +34,7 @@ from gptkit import dataset
 from gptkit import lora
 from gptkit import scoring
 from gptkit.checkpoint import write_text_atomic
-from gptkit.config import parse_settings, setting, settings_dict
+from gptkit.config import choice_problems, parse_settings, setting, settings_dict
 from gptkit.device import DTYPES, resolve_device
 from gptkit.errors import PeerFailed, UserError, run_main, same_on_every_rank
 from gptkit.train import distributed
@@ -118,10 +118,7 @@ class TrainConfig:
     seed: int = setting(1337, f"random seed (weights, dropout, data order), 0 to {MAX_SEED}")
 
     def __post_init__(self):
-        problems = []
-        for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                problems.append(f"{name}={getattr(self, name)!r} must be one of {', '.join(allowed)}")
+        problems = choice_problems(self, CHOICES)
         compile_ = str(self.compile).lower()
         if compile_ not in ("auto", "true", "false", "1", "0"):
             problems.append(f"compile={self.compile!r} must be auto, true or false")
@@ -185,11 +182,12 @@ class TrainConfig:
         return problems
 
 
-def train_step(it, model, raw_model, optimizers, scaler, batches, cfg, dist, autocast, stop):
+def train_step(it, model, raw_model, optimizers, scaler, batches, cfg, dist, autocast, stop, lr_scale):
     """One optimizer step over iteration `it`'s global batch, of which this rank takes
-    its share of micro-batches. Returns the mean loss, the gradient norm (before
-    clipping) and whether any rank has been asked to stop."""
-    local_accum = cfg.gradient_accumulation_steps // dist.world_size
+    its share of micro-batches, at `lr_scale` times each group's peak learning rate.
+    Returns the mean loss, the gradient norm (before clipping) and whether any rank
+    has been asked to stop."""
+    local_accum = batches.per_rank(dist.world_size)
     loss_sum = torch.zeros((), device=batches.device)
     for micro, (x, y) in enumerate(batches.micro_batches(it, dist.rank, dist.world_size)):
         # DDP averages the gradients across ranks in backward: only the last micro-step's needs to
@@ -210,7 +208,7 @@ def train_step(it, model, raw_model, optimizers, scaler, batches, cfg, dist, aut
     if not math.isfinite(loss) or (not math.isfinite(grad_norm) and not scaler.is_enabled()):
         what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {grad_norm}"
         raise NonFinite(f"the training {what} at iteration {it}; stopped before the optimizer step")
-    optim.set_lr(optimizers, optim.lr_scale(it, cfg))
+    optim.set_lr(optimizers, lr_scale)
     for opt in optimizers:
         scaler.step(opt)  # float16: skipped when the scaled gradients overflowed
     scaler.update()
@@ -347,10 +345,11 @@ def run(model_cfg, cfg, dist, start_time):
                 saver.after_eval(state, scores, cfg.always_save_checkpoint)
             if state.iter_num >= cfg.max_iters:
                 break
+            lr_scale = optim.lr_scale(state.iter_num, cfg)  # once per step: set, then logged
             with log.clock.step():
                 loss, grad_norm, stop_now = train_step(state.iter_num, model, raw_model, optimizers, scaler,
-                                                       batches, cfg, dist, dev.autocast(), stop)
-            log.train(loss, grad_norm, optim.lr_at(state.iter_num, cfg))
+                                                       batches, cfg, dist, dev.autocast(), stop, lr_scale)
+            log.train(loss, grad_norm, cfg.learning_rate * lr_scale)  # = optim.lr_at(state.iter_num, cfg)
             state.iter_num += 1
             if stop_now:
                 return stopped(saver, state, log, stop, start_time, f"at iteration {state.iter_num}")

@@ -29,6 +29,15 @@ def setting(default, help):
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+def choice_problems(cfg, choices):
+    """One message per field of `cfg` whose value is not among `choices[name]`."""
+    return [
+        f"{name}={getattr(cfg, name)!r} must be one of {', '.join(allowed)}"
+        for name, allowed in choices.items()
+        if getattr(cfg, name) not in allowed
+    ]
+
+
 def read_config_file(path):
     """Run a config file in its own namespace; return the names it assigned."""
     try:

@@ -265,9 +265,13 @@ class Batches:
         at a time, as the loop asks for them."""
         offsets = global_batch_offsets(self.seed, step, self.n_tokens("train"), self.block_size,
                                        self.batch_size * self.accumulation)
-        local = self.accumulation // world_size
+        local = self.per_rank(world_size)
         for chunk in range(rank * local, (rank + 1) * local):
             yield self.get("train", micro_batch_offsets(offsets, self.batch_size, chunk))
+
+    def per_rank(self, world_size):
+        """How many of each iteration's micro-batches each of `world_size` ranks takes."""
+        return self.accumulation // world_size
 
     def n_tokens(self, split):
         return self.splits[split].n_tokens

@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from model import filter_top_k  # the one top-k, model.generate's too
+
 
 def check_sampling_options(temperature=1.0, top_k=None, top_p=None, min_p=None, repetition_penalty=1.0):
     """Raise ValueError naming the option when a value makes no sense."""
@@ -38,13 +40,6 @@ def apply_repetition_penalty(logits, previous_tokens, penalty):
     seen = torch.gather(logits, 1, previous_tokens)  # (B, T) logits of tokens already present
     seen = torch.where(seen > 0, seen / penalty, seen * penalty)
     return logits.scatter(1, previous_tokens, seen)  # repeats write the same value
-
-
-def filter_top_k(logits, k):
-    """Keep the k largest logits of each row (ties with the k-th are kept too)."""
-    k = min(k, logits.size(-1))
-    kth = torch.topk(logits, k, dim=-1).values[:, -1:]  # (B, 1)
-    return logits.masked_fill(logits < kth, float("-inf"))
 
 
 def filter_top_p(logits, p):
