@@ -156,3 +156,26 @@ def check_integrity(path):
         raise _damaged(path, e)
     if bad is not None:
         raise UserError(f"{path} is corrupted: the data of {bad} fails its checksum; resume from another checkpoint")
+
+
+def checked_model_config(model_kwargs, source, **overrides):
+    """A GPTConfig from a checkpoint's model_config, every field of the right type."""
+    from gptkit.config import _field_types, check_value
+    from model import GPTConfig
+
+    if not isinstance(model_kwargs, dict):
+        raise UserError(f"{source}: its model_config is a {type(model_kwargs).__name__}, not a dict")
+    types_ = _field_types(GPTConfig)
+    unknown = [k for k in model_kwargs if k not in types_]
+    if unknown:
+        raise UserError(
+            f"{source}: its model_config has fields this model.py does not know ({', '.join(map(str, unknown[:4]))}); "
+            "was it written by a newer version?"
+        )
+    wrong = [f"{k}={v!r}" for k, v in model_kwargs.items() if not check_value(v, types_[k])]
+    if wrong:
+        raise UserError(f"{source}: its model_config has values of the wrong type: {', '.join(wrong[:4])}")
+    try:
+        return GPTConfig(**{**model_kwargs, **overrides})
+    except ValueError as e:
+        raise UserError(f"{source}: {e}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from gptkit import lora
-from gptkit.checkpoint import FORMAT_VERSION, load_checkpoint, non_finite_tensors
+from gptkit.checkpoint import FORMAT_VERSION, checked_model_config, load_checkpoint, non_finite_tensors
 from gptkit.config import read_config_file
 from gptkit.errors import UserError
 from gptkit.interop.hf_gpt2 import HUB_NAMES
@@ -89,29 +89,6 @@ def training_command(out_dir, configs=CONFIGS):
     return f"python train.py configs/shakespeare.py --out_dir={out_dir}"
 
 
-
-
-def checked_model_config(model_kwargs, source, **overrides):
-    """A GPTConfig from a checkpoint's model_config, every field of the right type."""
-    from gptkit.config import _field_types, check_value
-    from model import GPTConfig
-
-    if not isinstance(model_kwargs, dict):
-        raise UserError(f"{source}: its model_config is a {type(model_kwargs).__name__}, not a dict")
-    types_ = _field_types(GPTConfig)
-    unknown = [k for k in model_kwargs if k not in types_]
-    if unknown:
-        raise UserError(
-            f"{source}: its model_config has fields this model.py does not know ({', '.join(map(str, unknown[:4]))}); "
-            "was it written by a newer version?"
-        )
-    wrong = [f"{k}={v!r}" for k, v in model_kwargs.items() if not check_value(v, types_[k])]
-    if wrong:
-        raise UserError(f"{source}: its model_config has values of the wrong type: {', '.join(wrong[:4])}")
-    try:
-        return GPTConfig(**{**model_kwargs, **overrides})
-    except ValueError as e:
-        raise UserError(f"{source}: {e}")
 
 
 def load_weights(model, state_dict, source, check_only=False):

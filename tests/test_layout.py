@@ -86,3 +86,45 @@ def test_model_imports_only_torch_and_its_settings():
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module)
     assert imported <= allowed, f"model.py imports {sorted(imported - allowed)}"
+
+
+def project_imports():
+    """{module: the project modules it imports}, over the root scripts and gptkit, counting
+    imports inside functions too (a deferred import is still a dependency)."""
+    paths = [REPO / name for name in sorted(ROOT_SCRIPTS)] + sorted((REPO / "gptkit").rglob("*.py"))
+    modules = {}
+    for path in paths:
+        parts = path.relative_to(REPO).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        graph[name] = sorted(m for m in found if m in modules and m != name)
+    return graph
+
+
+def test_no_import_cycle_among_the_projects_modules():
+    """Each module can be read before the ones that use it: the first cycle found is named."""
+    graph, done, path = project_imports(), set(), []
+
+    def visit(name):
+        if name in path:
+            return path[path.index(name):] + [name]
+        if name in done:
+            return None
+        path.append(name)
+        for dep in graph[name]:
+            cycle = visit(dep)
+            if cycle:
+                return cycle
+        path.pop()
+        done.add(name)
+        return None
+
+    cycles = [c for c in map(visit, sorted(graph)) if c]
+    assert not cycles, "import cycle: " + " -> ".join(cycles[0])

@@ -169,7 +169,7 @@ def _verify(folder, dfd, fds, rank, world_size, note):
 
 def parse_run(raw, source):
     """run.json's bytes as a dict whose every field has been checked (RNG states stay JSON)."""
-    from gptkit.loading import checked_model_config
+    from gptkit.checkpoint import checked_model_config
     from gptkit.tokenizer import check_description
     from gptkit.train.run_state import check_loop_state, rng_from_json
 
