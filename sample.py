@@ -52,6 +52,7 @@ from pathlib import Path
 
 import torch
 
+from gptkit import cpu_decode
 from gptkit.config import parse_settings, setting
 from gptkit.device import DTYPES, inference_dtype, resolve_device
 from gptkit.errors import UserError, run_main
@@ -90,7 +91,10 @@ class SampleConfig:
     stop: str | None = setting(None, "end a sample before the first occurrence of this string")
     seed: int = setting(1337, "random seed: the same seed gives the same text")
     device: str = setting("auto", "auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps")
-    dtype: str = setting("auto", "weights' dtype: auto (bfloat16 on CUDA when supported, else float32), float32, bfloat16 (2x faster one-sample decoding on most CPUs), float16")
+    dtype: str = setting(
+        "auto", "weights' dtype: auto (bfloat16 on CUDA when supported, else float32), float32, bfloat16, float16 "
+        "(on a CPU: weights rounded to float16, arithmetic in float32, half the bytes per token: BENCHMARKS.md)",
+    )
     compile: bool = setting(
         False, "compile the one-token decoding step once (a static cache; gptkit/compiled_decode.py): the main "
         "speed lever on CUDA for few samples; on a CPU it does not pay (2x for the quick-start model after 12-45 s "
@@ -193,6 +197,9 @@ def main(argv=None):
     if cfg.attention is not None and not 0 <= cfg.layer < model.config.n_layer:
         raise UserError(f"--layer {cfg.layer} does not exist: this model has layers 0 to {model.config.n_layer - 1}")
     dtype = inference_dtype(cfg.dtype, device)
+    if device.type == "cpu" and dtype == torch.float16:  # float16 weights, float32 arithmetic
+        cpu_decode.round_to_float16(model)
+        dtype = torch.float32
     print(summary, file=sys.stderr)  # after the checks: a mistake's error is the only line printed
     model.to(device=device, dtype=dtype)
 

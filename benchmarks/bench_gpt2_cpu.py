@@ -1,14 +1,16 @@
 """GPT-2 124M sampling on a CPU, batch 1, one thread: ours against what users would otherwise run.
 
-    python bench.py gpt2_cpu                  # ours (NumPy step, PyTorch step), transformers' generate, llama.cpp f32 and q8_0
+    python bench.py gpt2_cpu                  # ours (fp32 and --dtype float16), transformers' generate (fp32, fp16, bf16), llama.cpp
     python bench.py gpt2_cpu --new_tokens 40  # shorter
 
 One GPT-2 124M with random weights (speed does not depend on them; offline) is
 run by: our sample path (gptkit.generate.generate_stream, the KV cache) with
 sample.py's default CPU step (gptkit/cpu_decode.py) and with model.py's PyTorch
-step (--cpu_decode false), transformers' `generate` with its KV cache on the same
-weights exported by `convert.py --to hf`'s code, and llama.cpp (llama-cpp-python,
-requirements-gguf.txt) on our own `--to gguf` exports in f32 and q8_0. All greedy,
+step (--cpu_decode false) and with --dtype float16 (float16 copies of the matrices),
+transformers' `generate` with its KV cache on the same weights exported by
+`convert.py --to hf`'s code (in fp32, and cast to float16 and bfloat16), and
+llama.cpp (llama-cpp-python, requirements-gguf.txt) on our own `--to gguf` exports
+in f32 and q8_0. All greedy,
 the same prompt, in this process at one thread (torch.set_num_threads(1), llama.cpp
 n_threads=1), the samplers alternating A B C ... and the best of --repeats kept.
 Per token: the CPU seconds (process_time) between the first new token and the last
@@ -147,29 +149,42 @@ def profile_ours(model, n, top=8):
 
 
 def run(args):
+    with tempfile.TemporaryDirectory(prefix="bench-gpt2-") as work:  # 1.6 GB of exports, removed after
+        return measure(args, Path(work))
+
+
+def measure(args, work):
     import copy
 
     from benchmarks.bench_sample import measure_floor_rates
     from benchmarks.report import Table
-    from gptkit.cpu_decode import CPUDecoder
+    from gptkit.cpu_decode import CPUDecoder, has_fp16_gemm, round_to_float16
     from gptkit.interop.hf_gpt2 import export_gpt2
 
     if args.new_tokens < 3:
         raise UserError("--new_tokens must be at least 3")
     torch.set_num_threads(1)
     n = args.new_tokens
-    work = Path(tempfile.mkdtemp(prefix="bench-gpt2-"))
     model, run_dir = build(work, args.seed)
     laid_out = copy.deepcopy(model)
     decoder = CPUDecoder(laid_out)
+    half = copy.deepcopy(model)
+    round_to_float16(half)
+    half_decoder = CPUDecoder(half, float16=True)
+    half_label = f"ours, --dtype float16 ({'fbgemm' if has_fp16_gemm() else 'NumPy'} products, float32 arithmetic)"
     samplers = {"ours, sample.py's CPU step (NumPy)": lambda: ours(laid_out, n, decoder),
-                "ours, PyTorch step (--cpu_decode false)": lambda: ours(model, n)}
+                "ours, PyTorch step (--cpu_decode false)": lambda: ours(model, n),
+                half_label: lambda: ours(half, n, half_decoder)}
     try:
         import transformers
 
         export_gpt2(model, work / "hf")
         hf = transformers.GPT2LMHeadModel.from_pretrained(work / "hf").eval()
         samplers[f"transformers {transformers.__version__} generate (KV cache), fp32"] = lambda: transformers_generate(hf, n)
+        for dtype in ("float16", "bfloat16"):  # its own half-precision weights (and arithmetic)
+            hf_half = copy.deepcopy(hf).to(getattr(torch, dtype))
+            samplers[f"transformers {transformers.__version__} generate (KV cache), {dtype}"] = (
+                lambda hf_half=hf_half: transformers_generate(hf_half, n))
     except ImportError:
         print("[gpt2_cpu] transformers is not installed: its row is left out", file=sys.stderr)
     if not args.no_llama_cpp:
@@ -197,14 +212,16 @@ def run(args):
     fp32_bytes = sum(p.numel() * 4 for p in model.parameters())
     floor = {"fp32": fp32_bytes / bandwidth}
     base = best["ours, sample.py's CPU step (NumPy)"][0]
-    hf_label = next((k for k in samplers if k.startswith("transformers")), None)
+    hf_label = next((k for k in samplers if k.startswith("transformers") and k.endswith("fp32")), None)
     table = Table(
         f"GPT-2 124M (random weights), batch 1, greedy, {n} new tokens, one thread, CPU",
         ["sampler", "CPU ms/token", "wall ms/token", "tokens/CPU s", "vs transformers", "vs ours"],
         note=f"All in one process at one thread, alternating, best of {args.repeats}; per token = CPU s "
         f"(process_time) from the first new token to the last / ({n} - 1). Floor: {fp32_bytes / 1e6:.0f} MB of "
         f"fp32 weights read once per token at {bandwidth / 1e9:.1f} GB/s (this thread, measured) = "
-        f"{1000 * floor['fp32']:.1f} ms (q8_0 weights are ~0.27x those bytes).",
+        f"{1000 * floor['fp32']:.1f} ms (float16 weights are 0.5x those bytes, q8_0 ~0.27x). vs transformers: "
+        f"against its fp32 row. ours --dtype float16: every weight rounded to float16, the products reading "
+        f"float16 copies; transformers float16/bfloat16: the model cast (weights and arithmetic).",
     )
     for label, (cpu, wall) in best.items():
         vs_hf = f"{best[hf_label][0] / cpu:.2f}x" if hf_label else "—"

@@ -22,9 +22,18 @@ one new token with NumPy arrays that share memory with the model's tensors:
   The norms and GELUs are model.py's own calls (F.layer_norm, F.rms_norm, F.gelu)
   on the same memory: one PyTorch call costs less than the NumPy operations it replaces.
 
+With `--dtype float16` on a CPU (`round_to_float16`, then `CPUDecoder(model,
+float16=True)`), every parameter is rounded to its nearest float16 value, kept in
+float32, and the step's matrix products read a float16 copy of the matrices
+(fbgemm's fp16 GEMM, `torch.ops.quantized.linear_dynamic_fp16`: the weights
+widened to float32 as they are read, the arithmetic in float32): half the bytes per
+token, the same values as model.py computes with the rounded weights (the prompt
+runs there). Where this PyTorch has no fbgemm (ARM CPUs), the products stay NumPy's
+float32 ones on the rounded weights: the same numbers, not faster.
+
 tests/test_cpu_decode.py checks the logits against model.py's to 2e-5 for each
-variant and the sampled text against the PyTorch path. Anything else (a GPU,
-bfloat16, torch.compile) runs model.py as it is.
+variant (float16 weights included) and the sampled text against the PyTorch path.
+Anything else (a GPU, bfloat16, torch.compile) runs model.py as it is.
 """
 
 import math
@@ -33,12 +42,33 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from gptkit.device import F16_OVERFLOW
+from gptkit.errors import UserError
 from model import NORM_EPS, KVCache
 
 
 def applies(model, device):
     """Whether this decoder runs for `model` on `device`: a CPU, float32 weights."""
     return device.type == "cpu" and model.lm_head.weight.dtype == torch.float32
+
+
+def has_fp16_gemm():
+    """Whether this PyTorch has fbgemm's float16-weight product (x86 builds)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+@torch.no_grad()
+def round_to_float16(model):
+    """Round every parameter of `model` (float32, in place) to its nearest float16 value:
+    the weights `--dtype float16` decodes with on a CPU. A finite value beyond float16's
+    range would become infinity: refused, naming the parameter."""
+    for name, p in model.named_parameters():
+        largest = p.detach().abs().max().item() if p.numel() else 0.0
+        if largest >= F16_OVERFLOW:
+            raise UserError(f"--dtype float16: {name} holds {largest:.6g}, beyond float16's largest value 65504; "
+                            f"use --dtype float32 or bfloat16")
+    for p in model.parameters():
+        p.copy_(p.half().float())
 
 
 def transposed_in_place(linear):
@@ -97,38 +127,45 @@ def rotate(x, cos, sin):
     return np.concatenate((x1 * cos - x2 * sin, x1 * sin + x2 * cos), axis=-1)
 
 
-class Layer:
-    """One block's arrays."""
+def numpy_product(linear):
+    """x (B, in) -> x Wᵀ + b: NumPy streaming the float32 weight laid out transposed in place."""
+    w, b = transposed_in_place(linear), as_array(linear.bias)
+    return (lambda x: x @ w) if b is None else (lambda x: x @ w + b)
 
-    def __init__(self, block):
+
+def float16_product(linear):
+    """The same product reading a float16 copy of the weight (fbgemm packs it once)."""
+    packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.detach().contiguous(), detached(linear.bias))
+    return lambda x: torch.ops.quantized.linear_dynamic_fp16(torch.from_numpy(x), packed).numpy()
+
+
+class Layer:
+    """One block's arrays and matrix products."""
+
+    def __init__(self, block, product):
         attn, mlp = block.attn, block.mlp
         self.ln_1, self.ln_2 = norm_arrays(block.ln_1), norm_arrays(block.ln_2)
-        self.w_qkv, self.b_qkv = transposed_in_place(attn.c_attn), as_array(attn.c_attn.bias)
-        self.w_o, self.b_o = transposed_in_place(attn.c_proj), as_array(attn.c_proj.bias)
-        self.w_fc, self.b_fc = transposed_in_place(mlp.c_fc), as_array(mlp.c_fc.bias)
-        self.w_out, self.b_out = transposed_in_place(mlp.c_proj), as_array(mlp.c_proj.bias)
+        self.qkv, self.o = product(attn.c_attn), product(attn.c_proj)
+        self.fc, self.out = product(mlp.c_fc), product(mlp.c_proj)
         self.q_norm = detached(attn.q_norm.weight) if attn.qk_norm else None
         self.k_norm = detached(attn.k_norm.weight) if attn.qk_norm else None
         self.rope = (as_array(attn.rope_cos), as_array(attn.rope_sin)) if attn.rope else None
-
-
-def linear(x, w, b):
-    y = x @ w
-    return y if b is None else y + b
 
 
 class CPUDecoder:
     """What generate_stream runs the model with on a CPU in float32: `new_cache()`
     gives model.py's KVCache, and `decoder(idx, cache)` the logits (B, vocab_size)
     after idx (B, T): one token with NumPy, a prompt (or a shifted window) through
-    model.py, which fills the same cache."""
+    model.py, which fills the same cache. float16=True: the products read float16
+    copies of the matrices (after round_to_float16(model): the same values)."""
 
-    def __init__(self, model):
+    def __init__(self, model, float16=False):
         self.model = model
         c = model.config
         self.config = c
-        self.layers = [Layer(block) for block in model.transformer.h]
-        self.head = transposed_in_place(model.lm_head)  # (C, padded vocab)
+        product = float16_product if float16 and has_fp16_gemm() else numpy_product
+        self.layers = [Layer(block, product) for block in model.transformer.h]
+        self.head = product(model.lm_head)  # x (B, C) -> (B, padded vocab)
         # after the head: a tied embedding is the head's weight, now laid out transposed
         self.wte = as_array(model.transformer.wte.weight)  # (padded vocab, C)
         self.ln_f = norm_arrays(model.transformer.ln_f) if c.norm_placement == "pre" else None
@@ -152,7 +189,7 @@ class CPUDecoder:
         """Self-attention of one new token per row; its keys and values go into the cache."""
         c = self.config
         B, H, Hkv, D = x.shape[0], c.n_head, c.kv_heads, c.head_dim
-        qkv = linear(x, layer.w_qkv, layer.b_qkv)  # (B, (H + 2 Hkv) D)
+        qkv = layer.qkv(x)  # (B, (H + 2 Hkv) D)
         q = qkv[:, : H * D].reshape(B, H, D)
         k = qkv[:, H * D : (H + Hkv) * D].reshape(B, Hkv, D)
         v = qkv[:, (H + Hkv) * D :].reshape(B, Hkv, D)
@@ -171,16 +208,16 @@ class CPUDecoder:
         weights = np.exp(scores, out=scores)
         weights /= weights.sum(axis=-1, keepdims=True)
         y = (weights @ values).reshape(B, H * D)
-        return linear(y, layer.w_o, layer.b_o)
+        return layer.o(y)
 
     def feed_forward(self, layer, x):
-        h = linear(x, layer.w_fc, layer.b_fc)
+        h = layer.fc(x)
         if self.activation is None:  # SwiGLU: silu(gate) * up
             gate, up = np.split(h, 2, axis=-1)
             h = gate / (1.0 + np.exp(-gate)) * up
         else:
             h = self.activation(h)
-        return linear(h, layer.w_out, layer.b_out)
+        return layer.out(h)
 
     def step(self, tokens, cache):
         """Logits (B, vocab_size) after one new token per row, tokens (B,)."""
@@ -198,7 +235,7 @@ class CPUDecoder:
         cache.length += 1
         if self.ln_f is not None:
             x = normalize(x, *self.ln_f)
-        logits = (x @ self.head)[:, : c.vocab_size]
+        logits = self.head(x)[:, : c.vocab_size]
         if c.logit_softcap is not None:
             logits = c.logit_softcap * np.tanh(logits / c.logit_softcap)
         return np.ascontiguousarray(logits, dtype=np.float32)

@@ -6,6 +6,8 @@ from torch.torch_version import TorchVersion
 from gptkit.errors import UserError, same_on_every_rank
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+F16_MAX = 65504.0  # float16's largest finite value
+F16_OVERFLOW = 65520.0  # the least value that rounds to float16's infinity (half-way to 2**16, ties to even)
 
 
 def mps_available():

@@ -159,7 +159,8 @@ def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None):
     if cfg.compile:
         decoder = CompiledDecoder(model, cfg.num_samples)
     elif cfg.cpu_decode and cfg.use_cache and cpu_decode.applies(model, device):
-        decoder = cpu_decode.CPUDecoder(model)  # NumPy for each new token on a CPU in float32
+        # NumPy for each new token on a CPU in float32 (float16 copies of the matrices for --dtype float16)
+        decoder = cpu_decode.CPUDecoder(model, float16=cfg.dtype == "float16")
     with torch.no_grad():
         steps = generate_stream(
             model, idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,

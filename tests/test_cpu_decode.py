@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from gptkit import cpu_decode
+from gptkit.errors import UserError
 from gptkit.generate import generate_stream
 from model import GPT, GPTConfig, KVCache
 from repo import REPO
@@ -35,11 +36,14 @@ def model_for(variant, seed=0):
 
 
 @torch.inference_mode()
+@pytest.mark.parametrize("float16", [False, True], ids=["float32", "float16 weights"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_the_numpy_step_gives_model_pys_logits_for_every_variant(variant):
+def test_the_numpy_step_gives_model_pys_logits_for_every_variant(variant, float16):
     model = model_for(variant)
+    if float16:  # model.py with the rounded weights is the reference of the float16 products
+        cpu_decode.round_to_float16(model)
     reference = copy.deepcopy(model)
-    decoder = cpu_decode.CPUDecoder(model)
+    decoder = cpu_decode.CPUDecoder(model, float16=float16)
     B = 3
     tokens = torch.randint(0, BASE["vocab_size"], (B, 20), generator=torch.Generator().manual_seed(1))
     ours, theirs = decoder.new_cache(), KVCache(reference.config.n_layer, reference.config.block_size)
@@ -83,6 +87,43 @@ def test_generation_past_the_window_with_context_shifts_gives_the_pytorch_tokens
     assert torch.equal(ours, theirs)
 
 
+def test_float16_weights_are_the_rounded_parameters_and_stay_near_float32s_logits():
+    model = model_for("multi-query, padded vocab, tied")
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    cpu_decode.round_to_float16(model)
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied
+    for name, p in model.named_parameters():
+        assert p.dtype == torch.float32 and torch.equal(p, before[name].half().float()), name
+    # against the float32 model: float16's 11-bit mantissa moves each weight by at most 2**-11 of it
+    full, half = model_for("gpt2"), model_for("gpt2")
+    cpu_decode.round_to_float16(half)
+    tokens = torch.randint(0, BASE["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(2))
+    decoder = cpu_decode.CPUDecoder(half, float16=True)
+    fbgemm = decoder.layers[0].qkv.__qualname__.startswith("float16_product")
+    assert fbgemm == cpu_decode.has_fp16_gemm()  # float16 copies wherever fbgemm is present
+    with torch.inference_mode():
+        cache = decoder.new_cache()
+        decoder(tokens[:, :11], cache)
+        got, want = decoder(tokens[:, 11:], cache), full(tokens)[0][:, -1]
+    scale = want.abs().max()
+    assert 0 < (got - want).abs().max() < 2e-3 * scale, ((got - want).abs().max(), scale)
+
+
+def test_float16_refuses_a_weight_beyond_its_range_and_keeps_its_largest_value():
+    model = model_for("gpt2")
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_fc.weight[0, 0] = 65504.0  # float16's largest: kept
+    cpu_decode.round_to_float16(model)
+    assert model.transformer.h[1].mlp.c_fc.weight[0, 0] == 65504.0
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_fc.weight[0, 0] = 65520.0  # rounds to infinity
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    with pytest.raises(UserError, match=r"transformer\.h\.1\.mlp\.c_fc\.weight holds 65520, beyond float16"):
+        cpu_decode.round_to_float16(model)
+    for name, p in model.named_parameters():  # nothing rounded before the refusal
+        assert torch.equal(p, before[name]), name
+
+
 def test_it_applies_on_a_cpu_in_float32_only():
     model = model_for("gpt2")
     cpu = torch.device("cpu")
@@ -110,3 +151,20 @@ def test_sample_py_prints_the_same_text_with_and_without_the_numpy_step(tmp_path
         default = sample(path, *options)
         assert default == sample(path, *options, "--cpu_decode", "false")
         assert len(default) > 100
+        # float16 weights: the float16 products give model.py's text on the rounded weights
+        half = sample(path, *options, "--dtype", "float16")
+        assert half == sample(path, *options, "--dtype", "float16", "--cpu_decode", "false")
+
+
+def test_sample_py_float16_names_a_weight_beyond_its_range_in_one_line(tmp_path):
+    config = GPTConfig(block_size=16, vocab_size=len(CHARS), n_layer=2, n_head=2, n_embd=16)
+    model = GPT(config)
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_proj.weight[3, 4] = 1e5
+    path = save_tiny(tmp_path / "m.pt", model.eval())
+    command = [sys.executable, "sample.py", "--ckpt", str(path), "--device", "cpu", "--dtype", "float16"]
+    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "error: --dtype float16: transformer.h.0.attn.c_proj.weight holds 100000, beyond float16's largest value "
+        "65504; use --dtype float32 or bfloat16"], out.stderr

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from gptkit.atomic import atomic_write
+from gptkit.device import F16_MAX, F16_OVERFLOW
 from gptkit.errors import UserError
 from gptkit.interop.gguf_vocab import add_vocab, gguf_vocab
 from gptkit.interop.hf_llama import llama_block
@@ -199,10 +200,6 @@ def add_hyperparameters(writer, config, architecture, name):
 
 
 ALWAYS_F32 = ("position_embd.weight",)  # llama.cpp's converter always writes it in f32
-
-
-F16_MAX = 65504.0  # f16's largest finite value
-F16_OVERFLOW = 65520.0  # the least value that rounds to f16's infinity (half-way to 2**16, ties to even)
 
 
 def encode_tensor(name, tensor, outtype):
