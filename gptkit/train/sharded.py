@@ -47,7 +47,7 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
+import torch.distributed
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
@@ -78,15 +78,15 @@ OPEN_ATTEMPTS = 5  # a reader racing a save that swaps the folder retries this o
 # ---- saving -------------------------------------------------------------------------
 
 
-def save(kind, out_dir, model, optimizers, info, device, d):
+def save(kind, out_dir, model, optimizers, info, device, dist):
     """kind "ckpt": the sharded checkpoint out_dir/ckpt/; "best": weights to best.pt.
 
     Every rank must call this (both kinds gather or write collectively); `info`
     holds the plain values (iteration, losses, settings, ...), used on rank 0."""
     out_dir = Path(out_dir)
     bad = non_finite_tensors(local_tensors(model, optimizers), "shard")  # this rank's part only
-    if distributed.any_rank(bool(bad), d, device):  # ...so the ranks agree on the answer
-        if not d.is_main:
+    if distributed.any_rank(bool(bad), dist, device):  # ...so the ranks agree on the answer
+        if not dist.is_main:
             raise PeerFailed()
         where = bad[0] if bad else "a tensor of another rank's shard"
         raise RunFailed(f"not saving {out_dir / (FOLDER if kind == 'ckpt' else 'best.pt')}: {where} holds NaN or inf "
@@ -95,27 +95,27 @@ def save(kind, out_dir, model, optimizers, info, device, d):
         from gptkit.train.fsdp import full_weights
 
         weights = full_weights(model)  # collective; the whole tensors on rank 0
-        if d.is_main:
+        if dist.is_main:
             save_checkpoint({"format_version": 1, "model": weights, **info}, out_dir / "best.pt")
-        distributed.barrier(d)
+        distributed.barrier(dist)
         return
-    rngs = distributed.gather_objects(rng_to_json(rng_state(device)), d)
+    rngs = distributed.gather_objects(rng_to_json(rng_state(device)), dist)
     tmp, folder, old = out_dir / TEMP, out_dir / FOLDER, out_dir / OLD
     try:
-        if d.is_main:
+        if dist.is_main:
             shutil.rmtree(tmp, ignore_errors=True)  # left by a crashed save: never loaded
             tmp.mkdir(parents=True)
-        distributed.barrier(d)
+        distributed.barrier(dist)
         model_sd, optim_sd = get_state_dict(model, optimizers)
         # Every rank writes its own shard file and fsyncs it; rank 0 then writes .metadata.
         with warnings.catch_warnings():  # one process without a process group: what we asked for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=FileSystemWriter(tmp, sync_files=True))
         faults.maybe_exit_during_save()
-        files = _file_records(tmp, d)
-        if d.is_main:
+        files = _file_records(tmp, dist)
+        if dist.is_main:
             # No GradScaler under FSDP: it trains in bf16 or fp32 (fsdp.check_settings).
-            run = {"format_version": FORMAT_VERSION, "world_size": d.world_size, **info,
+            run = {"format_version": FORMAT_VERSION, "world_size": dist.world_size, **info,
                    "scaler": None, "rng": {**rngs[0], "per_rank": rngs}, "files": files}
             _write_json(tmp / RUN_FILE, run)  # last: its presence marks a whole checkpoint
             fsync_dir(tmp)
@@ -128,20 +128,20 @@ def save(kind, out_dir, model, optimizers, info, device, d):
             fsync_dir(out_dir)
             shutil.rmtree(old, ignore_errors=True)
     except (OSError, CheckpointException) as e:  # DCP wraps a rank's OSError in CheckpointException
-        if d.is_main:
+        if dist.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise RunFailed(f"could not write the sharded checkpoint {folder}: {_describe(_causes(e)[0])} (the previous checkpoint is intact)")
-    distributed.barrier(d)  # no rank goes on (or resumes) before the rename
+    distributed.barrier(dist)  # no rank goes on (or resumes) before the rename
 
 
-def _file_records(tmp, d):
+def _file_records(tmp, dist):
     """Size and SHA-256 of every file DCP wrote, for run.json: each rank hashes every
     world_size-th shard (read back from the page cache), rank 0 also .metadata."""
     shards = sorted(name for name in os.listdir(tmp) if name != METADATA_FILE)
-    mine = {name: file_record(tmp / name) for name in shards[d.rank::d.world_size]}
-    if d.is_main:
+    mine = {name: file_record(tmp / name) for name in shards[dist.rank::dist.world_size]}
+    if dist.is_main:
         mine[METADATA_FILE] = file_record(tmp / METADATA_FILE)
-    return {name: record for part in distributed.gather_objects(mine, d) for name, record in part.items()}
+    return {name: record for part in distributed.gather_objects(mine, dist) for name, record in part.items()}
 
 
 def local_tensors(model, optimizers):
@@ -193,7 +193,8 @@ def open_checkpoint(path):
     A save that replaces the folder while we open it is waited out (a few tries);
     under torchrun each rank hashes its share of the shard files."""
     path = Path(path)
-    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    joined = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank, world_size = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if joined else (0, 1)
     for attempt in range(OPEN_ATTEMPTS):
         folder = path if is_complete(path) else find(path)
         if folder is None:
@@ -236,7 +237,7 @@ def load_state(checkpoint, state):
         with warnings.catch_warnings():  # loading in one process is what we asked for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(state, storage_reader=SafeReader(snapshot), planner=SafeLoadPlanner(),
-                     no_dist=not (dist.is_available() and dist.is_initialized()))
+                     no_dist=not (torch.distributed.is_available() and torch.distributed.is_initialized()))
     except UserError:
         raise
     except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
