@@ -129,16 +129,6 @@ def all_reduce_sum(tensor, dist):
     return tensor
 
 
-def step_totals(loss_sum, grad_norm, stop, dist):
-    """(loss sum over all ranks, the gradient norm, whether any rank was asked to stop),
-    in one all-reduce. The norm is already global (DDP averaged the gradients, FSDP's
-    is over all shards), so it is the same on every rank: its mean is itself."""
-    stats = torch.stack([loss_sum, grad_norm.float().to(loss_sum.device),
-                         torch.tensor(float(stop), device=loss_sum.device)])
-    loss_total, norm_total, stops = all_reduce_sum(stats, dist).tolist()
-    return loss_total, norm_total / dist.world_size, stops > 0
-
-
 def any_rank(flag, dist, device):
     """True on every rank when `flag` is true on at least one."""
     if not dist.enabled:
