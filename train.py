@@ -45,8 +45,9 @@ from gptkit.train import optim
 from gptkit.train import setup
 from gptkit.train.checkpointer import Checkpointer
 from gptkit.train.mfu import estimate_mfu, measure_peak
+from gptkit.train.out_dir import OutDir
 from gptkit.train.run_state import RunState, provenance
-from gptkit.train.setup import OutDir, check_batch_sizes, check_world_size, embedding_heavy_note
+from gptkit.train.setup import check_batch_sizes, check_world_size, embedding_heavy_note
 from model import GPTConfig
 
 EVAL_STOP_CHECK = 4  # evaluation rounds between agreeing on a stop signal

@@ -7,13 +7,11 @@
     module = wrap(raw_model, cfg, dist, dev)                # DDP (train.py's Forward then compiles)
     plan = eval_plan(cfg, meta, batches, dev, dist)         # what each evaluation scores
 
-Also here: the out_dir (one writer, no silent overwrite) and the checks that need
-more than one setting (sizes, ranks, a checkpoint to resume)."""
+Also here: the checks that need more than one setting (sizes, ranks, a checkpoint
+to resume). The out_dir's one-writer claim is gptkit/train/out_dir.py."""
 
 import dataclasses
 import random
-import shutil
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -30,8 +28,6 @@ from gptkit.device import enable_tf32, resolve_device, training_dtype
 from gptkit.errors import UserError
 from gptkit.interop.hf_gpt2 import HUB_NAMES
 from gptkit.loading import adapted_model, checkpoint_of, load_base
-from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
-from gptkit.paths import claim_output
 from gptkit.tokenizer import tokenizer_from_dict
 from gptkit.train import distributed
 from gptkit.train import fsdp
@@ -277,65 +273,6 @@ def _resume_checkpoint(out_dir):
 def describe_vocab(tokenizer, vocab_size):
     kind = tokenizer.get("type") if isinstance(tokenizer, dict) else tokenizer
     return f"{kind} ({vocab_size} tokens)"
-
-
-class OutDir:
-    """The run's out_dir, held by one writer (rank 0) from start to end.
-
-    Taking it: the one-writer lock (a second run on the same out_dir is refused,
-    naming the process that holds it), the removal of temporary files left by
-    killed runs, and the refusal to start a new run over an old one unless
-    overwrite is set. Released at the end; a folder this run created and never
-    wrote to is removed again."""
-
-    RUN_FILES = ("ckpt.pt", "best.pt", "metrics.jsonl", "config.json")
-
-    def __init__(self, cfg):
-        # A folder (not a file), writable, with a name the system takes: else one line now.
-        self.path = claim_output(cfg.out_dir, "folder", overwrite=True, what="out_dir")
-        self.created = not self.path.exists()
-        try:
-            self.lock = FolderLock(self.path, "training run", "use another --out_dir").acquire()
-        except OSError as e:
-            raise UserError(f"cannot use out_dir {self.path}: {e.strerror or e}")
-        try:
-            removed = remove_stale_temps(self.path)
-            if (self.path / sharded.TEMP).is_dir():  # a sharded save that died: we hold the lock, so no one writes it
-                shutil.rmtree(self.path / sharded.TEMP)
-                removed.append(sharded.TEMP)
-            if removed:
-                print(f"removed {len(removed)} temporary file(s) left in {self.path} by a run that was killed")
-            if cfg.init_from != "resume":
-                self._make_room(cfg.overwrite)
-        except BaseException:
-            self.release(ok=True)  # refused before anything was written: leave the folder as it was
-            raise
-
-    def _make_room(self, overwrite):
-        held = [name for name in ("ckpt.pt", "best.pt", sharded.FOLDER, sharded.OLD) if (self.path / name).exists()]
-        if held and not overwrite:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime((self.path / held[0]).stat().st_mtime))
-            raise UserError(
-                f"out_dir {self.path} already holds a run ({' and '.join(held)}, saved {when}): continue it with "
-                f"--init_from=resume, start a new one with --out_dir=OTHER, or replace it with --overwrite=true"
-            )
-        for name in self.RUN_FILES:  # a run that saved no checkpoint leaves only logs: start them afresh
-            (self.path / name).unlink(missing_ok=True)
-        for name in (sharded.FOLDER, sharded.OLD):  # --overwrite: an FSDP run's shards go too
-            shutil.rmtree(self.path / name, ignore_errors=True)
-
-    def release(self, ok=True):
-        """Let go of the out_dir. A run that failed before saving any checkpoint takes
-        its config.json and metrics.jsonl with it, and the folder if it made it."""
-        try:
-            if not ok and not any((self.path / name).exists() for name in ("ckpt.pt", "best.pt", sharded.FOLDER, sharded.OLD)):
-                for name in self.RUN_FILES:
-                    (self.path / name).unlink(missing_ok=True)
-        finally:
-            self.lock.release()
-        if self.created and [p.name for p in self.path.iterdir()] == [LOCK_NAME]:
-            (self.path / LOCK_NAME).unlink(missing_ok=True)
-            self.path.rmdir()
 
 
 def embedding_heavy_note(model, init_from, share_limit=0.5):
