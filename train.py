@@ -16,9 +16,13 @@ peak, or on a CPU the best fp32 matmul rate measured on this machine (cached in
 ~/.cache/gptkit/cpu_peak.json; see gptkit/train/mfu.py).
 Run `python train.py --help` for every setting.
 
-Reading order: `train_step` is one optimizer step (nanoGPT's loop body); `run` sets
-up in a few named calls (gptkit/train/setup.py) and holds the loop; what the loop
-carries is one RunState (gptkit/train/run_state.py), saved by gptkit/train/checkpointer.py.
+Reading order: `train_step` is one optimizer step (nanoGPT's loop body). It and what
+it calls (Step, Forward, clip_gradients, set_lr, NonFinite) are in this file, using
+only torch, model.py, the batch reader (gptkit/dataset.py's Batches) and the optimizers.
+`run` sets up in a few named calls (gptkit/train/setup.py) and holds the loop, which
+assigns every field of the one RunState it carries (gptkit/train/run_state.py);
+gptkit/train/checkpointer.py saves it, gptkit/train/logger.py logs it. Which module
+to read and which to skip: docs/layout.md.
 """
 
 import dataclasses
