@@ -465,6 +465,7 @@ def run(model_cfg, cfg, dist, start_time):
     if write and cfg.init_from == "resume":
         logger.trim_metrics(out_dir / "metrics.jsonl", state.iter_num)
     peak_flops = measure_peak(dev.name) if dist.is_main else None
+
     def mfu(tokens_per_s):  # of this rank's share of the tokens; None without a known peak
         if not peak_flops:
             return None
