@@ -16,19 +16,25 @@ peak, or on a CPU the best fp32 matmul rate measured on this machine (cached in
 ~/.cache/gptkit/cpu_peak.json; see gptkit/train/mfu.py).
 Run `python train.py --help` for every setting.
 
-Reading order: `train_step` is one optimizer step (nanoGPT's loop body); `run` sets
-up in a few named calls (gptkit/train/setup.py) and holds the loop; what the loop
-carries is one RunState (gptkit/train/run_state.py), saved by gptkit/train/checkpointer.py.
+Reading order: `train_step` is one optimizer step (nanoGPT's loop body). It and what
+it calls (Step, Forward, clip_gradients, set_lr, NonFinite) are in this file, using
+only torch, model.py, the batch reader (gptkit/dataset.py's Batches) and the optimizers.
+`run` sets up in a few named calls (gptkit/train/setup.py) and holds the loop, which
+assigns every field of the one RunState it carries (gptkit/train/run_state.py);
+gptkit/train/checkpointer.py saves it, gptkit/train/logger.py logs it. Which module
+to read and which to skip: docs/layout.md.
 """
 
 import dataclasses
 import json
 import math
+import sys
 import textwrap
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed
 
 from gptkit import dataset
 from gptkit import lora
@@ -36,15 +42,16 @@ from gptkit import scoring
 from gptkit.checkpoint import write_text_atomic
 from gptkit.config import choice_problems, parse_settings, setting, settings_dict
 from gptkit.device import DTYPES, resolve_device
-from gptkit.errors import PeerFailed, UserError, run_main, same_on_every_rank
+from gptkit.errors import PeerFailed, UserError, first_line, run_main, same_on_every_rank
 from gptkit.train import distributed
 from gptkit.train import logger
 from gptkit.train import optim
 from gptkit.train import setup
-from gptkit.train.checkpointer import Checkpointer, NonFinite
+from gptkit.train.checkpointer import Checkpointer
 from gptkit.train.mfu import estimate_mfu, measure_peak
+from gptkit.train.out_dir import OutDir
 from gptkit.train.run_state import RunState, provenance
-from gptkit.train.setup import OutDir, check_batch_sizes, check_world_size, embedding_heavy_note
+from gptkit.train.setup import check_batch_sizes, check_world_size, embedding_heavy_note
 from model import GPTConfig
 
 EVAL_STOP_CHECK = 4  # evaluation rounds between agreeing on a stop signal
@@ -64,26 +71,36 @@ class TrainConfig:
 
     # (the model's own settings, n_layer, n_embd and the rest, are GPTConfig's in model.py)
     # I/O
-    out_dir: str = setting("out", "folder for ckpt.pt, best.pt, config.json and metrics.jsonl (one run at a time)")
-    overwrite: bool = setting(False, "init_from=scratch into an out_dir that holds a run: replace it (else refused)")
+    out_dir: str = setting("out", "folder for ckpt.pt, best.pt, config.json and metrics.jsonl (one "
+                           "run at a time)")
+    overwrite: bool = setting(False, "init_from=scratch into an out_dir that holds a run: replace "
+                              "it (else refused)")
     eval_interval: int = setting(2000, "evaluate, and save ckpt.pt, every this many iterations")
     log_interval: int = setting(1, "log the training loss every this many iterations")
-    eval_iters: int = setting(200, "batches per split for each loss estimate; 0 = the whole val split (train: 20 random batches)")
+    eval_iters: int = setting(200, "batches per split for each loss estimate; 0 = the whole val "
+                              "split (train: 20 random batches)")
     eval_only: bool = setting(False, "evaluate once, print the losses and exit (writes nothing)")
-    always_save_checkpoint: bool = setting(True, "save ckpt.pt at every eval; false: only when the val loss improves")
-    init_from: str = setting("scratch", "scratch | resume (out_dir/ckpt.pt) | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a local Hugging Face folder | a checkpoint file (fine-tune a run of ours)")
+    always_save_checkpoint: bool = setting(True, "save ckpt.pt at every eval; false: only when the "
+                                           "val loss improves")
+    init_from: str = setting("scratch", "scratch | resume (out_dir/ckpt.pt) | gpt2 | gpt2-medium | "
+                             "gpt2-large | gpt2-xl | a local Hugging Face folder | a checkpoint "
+                             "file (fine-tune a run of ours)")
     # logging
-    wandb_log: bool = setting(False, "also log to Weights & Biases (WANDB_MODE=offline works without a network)")
+    wandb_log: bool = setting(False, "also log to Weights & Biases (WANDB_MODE=offline works "
+                              "without a network)")
     wandb_project: str | None = setting(None, "wandb project name (none: the dataset name)")
     wandb_run_name: str | None = setting(None, "wandb run name (none: the out_dir's name)")
     progress_bar: bool = setting(True, "show a tqdm progress bar when the output is a terminal")
     # data
-    dataset: str = setting("openwebtext", "dataset folder name under data_dir, as written by prepare.py")
+    dataset: str = setting("openwebtext", "dataset folder name under data_dir, as written by "
+                           "prepare.py")
     data_dir: str = setting("data", "folder holding the dataset folders")
-    gradient_accumulation_steps: int = setting(40, "micro-batches per iteration over ALL ranks (divided by the number of ranks)")
+    gradient_accumulation_steps: int = setting(40, "micro-batches per iteration over ALL ranks "
+                                               "(divided by the number of ranks)")
     batch_size: int = setting(12, "windows per micro-batch on each rank")
     # AdamW
-    optimizer: str = setting("adamw", "adamw | muon (Muon for the block matrices, AdamW for the rest)")
+    optimizer: str = setting("adamw", "adamw | muon (Muon for the block matrices, AdamW for the "
+                             "rest)")
     learning_rate: float = setting(6e-4, "peak AdamW learning rate")
     max_iters: int = setting(600000, "total optimizer steps")
     weight_decay: float = setting(0.1, "AdamW weight decay, on matrices only")
@@ -94,27 +111,37 @@ class TrainConfig:
     muon_lr: float = setting(0.02, "peak Muon learning rate (optimizer=muon)")
     muon_momentum: float = setting(0.95, "Muon momentum")
     muon_nesterov: bool = setting(True, "Nesterov momentum in Muon")
-    muon_ns_steps: int = setting(5, "Newton-Schulz iterations per Muon update (fewer are cheaper and rougher)")
+    muon_ns_steps: int = setting(5, "Newton-Schulz iterations per Muon update (fewer are cheaper "
+                                 "and rougher)")
     # LoRA (docs/lora.md): train small adapters beside a frozen base instead of every weight
-    lora_rank: int = setting(0, "rank R of the LoRA adapters (init_from gpt2, a Hugging Face folder or a checkpoint file); 0 = off, train every weight")
-    lora_alpha: float | None = setting(None, "LoRA scale is lora_alpha / lora_rank; none = the rank (scale 1, as peft's defaults r=8, alpha=8)")
+    lora_rank: int = setting(0, "rank R of the LoRA adapters (init_from gpt2, a Hugging Face "
+                             "folder or a checkpoint file); 0 = off, train every weight")
+    lora_alpha: float | None = setting(None, "LoRA scale is lora_alpha / lora_rank; none = the "
+                                       "rank (scale 1, as peft's defaults r=8, alpha=8)")
     lora_dropout: float = setting(0.0, "dropout on each adapter's input (peft's lora_dropout)")
-    lora_targets: str = setting("attn.c_attn", "comma-separated: attn.c_attn (q, k, v) | attn.c_proj | mlp.c_fc | mlp.c_proj | all")
+    lora_targets: str = setting("attn.c_attn", "comma-separated: attn.c_attn (q, k, v) | "
+                                "attn.c_proj | mlp.c_fc | mlp.c_proj | all")
     # schedule
-    decay_lr: bool = setting(True, "follow lr_schedule; false = learning_rate at every step, no warmup")
+    decay_lr: bool = setting(True, "follow lr_schedule; false = learning_rate at every step, no "
+                             "warmup")
     lr_schedule: str = setting("cosine", "cosine | constant | wsd (warmup, stable, decay)")
     warmup_iters: int = setting(2000, "linear warmup steps")
-    lr_decay_iters: int | None = setting(None, "step at which the rate reaches min_lr (none: max_iters, so it follows --max_iters)")
+    lr_decay_iters: int | None = setting(None, "step at which the rate reaches min_lr (none: "
+                                         "max_iters, so it follows --max_iters)")
     min_lr: float = setting(6e-5, "final learning rate (usually learning_rate / 10)")
     cooldown_frac: float = setting(0.2, "wsd: share of lr_decay_iters spent decaying to min_lr")
     # parallel
     backend: str = setting("auto", "DDP backend: auto (nccl on CUDA, gloo on CPU) | nccl | gloo")
-    parallel: str = setting("ddp", "under torchrun: ddp (a full copy per rank) | fsdp (weights, gradients, optimizer sharded; out_dir/ckpt/)")
-    activation_checkpointing: bool = setting(False, "recompute each block's activations in backward: less memory, ~1/3 more compute")
+    parallel: str = setting("ddp", "under torchrun: ddp (a full copy per rank) | fsdp (weights, "
+                            "gradients, optimizer sharded; out_dir/ckpt/)")
+    activation_checkpointing: bool = setting(False, "recompute each block's activations in "
+                                             "backward: less memory, ~1/3 more compute")
     # system
     device: str = setting("auto", "auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps")
-    dtype: str = setting("auto", "auto (bfloat16 where supported, else float16 on CUDA; float32 on CPU) | float32 | bfloat16 | float16")
-    compile: bool | str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
+    dtype: str = setting("auto", "auto (bfloat16 where supported, else float16 on CUDA; float32 on "
+                         "CPU) | float32 | bfloat16 | float16")
+    compile: bool | str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | "
+                                  "false")
     seed: int = setting(1337, f"random seed (weights, dropout, data order), 0 to {MAX_SEED}")
 
     def __post_init__(self):
@@ -124,7 +151,8 @@ class TrainConfig:
             problems.append(f"compile={self.compile!r} must be auto, true or false")
         else:
             self.compile = {"1": "true", "0": "false"}.get(compile_, compile_)
-        for name in ("eval_interval", "log_interval", "gradient_accumulation_steps", "batch_size", "muon_ns_steps"):
+        for name in ("eval_interval", "log_interval", "gradient_accumulation_steps", "batch_size",
+                     "muon_ns_steps"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
         if self.lr_decay_iters is None:
@@ -141,11 +169,12 @@ class TrainConfig:
                 problems.append(f"{name}={getattr(self, name)} must be in [0, 1)")
         if not 0 <= self.seed <= MAX_SEED:
             problems.append(f"seed={self.seed} must be between 0 and {MAX_SEED}")
-        if self.decay_lr and self.min_lr == 0 and self.lr_schedule != "constant" and self.lr_decay_iters < self.max_iters:
+        decays = self.decay_lr and self.lr_schedule != "constant"
+        if decays and self.min_lr == 0 and self.lr_decay_iters < self.max_iters:
             problems.append(
-                f"lr_decay_iters={self.lr_decay_iters} < max_iters={self.max_iters} with min_lr=0: steps "
-                f"{self.lr_decay_iters} to {self.max_iters - 1} would train at learning rate 0; leave lr_decay_iters "
-                "unset (it follows max_iters), or set min_lr > 0"
+                f"lr_decay_iters={self.lr_decay_iters} < max_iters={self.max_iters} with min_lr=0: "
+                f"steps {self.lr_decay_iters} to {self.max_iters - 1} would train at learning rate "
+                "0; leave lr_decay_iters unset (it follows max_iters), or set min_lr > 0"
             )
         if not 0 <= self.cooldown_frac <= 1:
             problems.append(f"cooldown_frac={self.cooldown_frac} must be in [0, 1]")
@@ -161,8 +190,9 @@ class TrainConfig:
             problems.append(f"lora_rank={self.lora_rank} must not be negative (0 = no LoRA)")
         if self.lora_alpha is None and self.lora_rank > 0:
             self.lora_alpha = float(self.lora_rank)  # scale 1
-        elif self.lora_alpha is not None and (not math.isfinite(self.lora_alpha) or self.lora_alpha <= 0):
-            problems.append(f"lora_alpha={self.lora_alpha} must be a positive number (or none: the rank)")
+        elif self.lora_alpha is not None and not 0 < self.lora_alpha < math.inf:  # NaN too
+            problems.append(f"lora_alpha={self.lora_alpha} must be a positive number "
+                            "(or none: the rank)")
         if not 0 <= self.lora_dropout < 1:
             problems.append(f"lora_dropout={self.lora_dropout} must be in [0, 1)")
         try:
@@ -170,29 +200,53 @@ class TrainConfig:
         except ValueError as e:
             problems.append(str(e))
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        lone = [f"lora_{name}={getattr(self, 'lora_' + name)!r}" for name in ("alpha", "dropout", "targets")
-                if self.lora_rank == 0 and getattr(self, "lora_" + name) != defaults["lora_" + name]]
-        if lone and self.init_from != "resume":  # resuming a LoRA run keeps its rank; lora_dropout applies
-            problems.append(f"{', '.join(lone)} without lora_rank: LoRA is off (lora_rank=0), so every weight would "
-                            "train; set --lora_rank=R (e.g. 8) for adapters, or leave out the LoRA settings")
+        adapter_settings = ("lora_alpha", "lora_dropout", "lora_targets")
+        lone = [f"{name}={getattr(self, name)!r}" for name in adapter_settings
+                if self.lora_rank == 0 and getattr(self, name) != defaults[name]]
+        if lone and self.init_from != "resume":  # resuming keeps the rank; lora_dropout applies
+            problems.append(f"{', '.join(lone)} without lora_rank: LoRA is off (lora_rank=0), so "
+                            "every weight would train; set --lora_rank=R (e.g. 8) for adapters, or "
+                            "leave out the LoRA settings")
         if self.lora_rank > 0 and self.init_from == "scratch":
-            problems.append("lora_rank > 0 adapts a trained model: set --init_from=gpt2 (or a Hugging Face folder or a checkpoint file)")
+            problems.append("lora_rank > 0 adapts a trained model: set --init_from=gpt2 (or a "
+                            "Hugging Face folder or a checkpoint file)")
         if self.lora_rank > 0 and self.optimizer == "muon":
-            problems.append("LoRA adapters train with AdamW (as in the LoRA paper and peft): use --optimizer=adamw with lora_rank > 0")
+            problems.append("LoRA adapters train with AdamW (as in the LoRA paper and peft): use "
+                            "--optimizer=adamw with lora_rank > 0")
         return problems
 
 
-def train_step(it, model, raw_model, optimizers, scaler, batches, cfg, dist, autocast, stop, lr_scale):
+class NonFinite(Exception):
+    """The loss, the gradient norm or the val loss is NaN or inf (the message says which, where)."""
+
+
+@dataclasses.dataclass
+class Step:
+    """What every optimizer step works on, set up once by `run`."""
+
+    model: "Forward"  # what the step calls: the raw model (inside DDP) through torch.compile
+    raw_model: torch.nn.Module  # its parameters, for the gradient norm
+    optimizers: list  # [AdamW] or [AdamW, Muon]
+    scaler: torch.amp.GradScaler  # float16 loss scaling; the identity otherwise
+    batches: dataset.Batches  # each iteration's global batch, as micro-batches
+    autocast: object  # the mixed-precision context (none in float32)
+    dist: distributed.Dist  # this rank, and how many there are
+    grad_clip: float  # the gradient norm's limit; 0 = no clipping
+
+
+def train_step(step, it, lr_scale, stop):
     """One optimizer step over iteration `it`'s global batch, of which this rank takes
     its share of micro-batches, at `lr_scale` times each group's peak learning rate.
     Returns the mean loss, the gradient norm (before clipping) and whether any rank
-    has been asked to stop."""
+    has been asked to stop (`stop.raised`: SIGINT or SIGTERM)."""
+    model, scaler, optimizers = step.model, step.scaler, step.optimizers
+    batches, dist = step.batches, step.dist
     local_accum = batches.per_rank(dist.world_size)
     loss_sum = torch.zeros((), device=batches.device)
     for micro, (x, y) in enumerate(batches.micro_batches(it, dist.rank, dist.world_size)):
         # DDP averages the gradients across ranks in backward: only the last micro-step's needs to
         model.require_backward_grad_sync = micro == local_accum - 1
-        with autocast:
+        with step.autocast:
             # Only the loss: logits bound to a name (`_, loss = ...`) would stay in memory,
             # (B, T, vocab_size) of them, through backward and the next micro-step's forward.
             loss = model(x, y)[1]
@@ -200,21 +254,109 @@ def train_step(it, model, raw_model, optimizers, scaler, batches, cfg, dist, aut
         scaler.scale(loss / local_accum).backward()  # float16: scaled up so small gradients survive
     for opt in optimizers:
         scaler.unscale_(opt)  # the true gradients, for clipping
-    grad_norm = optim.clip_gradients(raw_model, cfg.grad_clip)
-    # One all-reduce carries the loss, the norm and the stop flag, so that every rank
-    # makes the same decision at the same step.
-    loss_total, grad_norm, stop_now = distributed.step_totals(loss_sum, grad_norm, stop.raised, dist)
-    loss = loss_total / cfg.gradient_accumulation_steps
+    grad_norm = clip_gradients(step.raw_model, step.grad_clip)
+    # One all-reduce carries the loss, the norm and the stop flag, so that every rank makes
+    # the same decision at the same step. The norm is global already (DDP averaged the
+    # gradients, FSDP's spans all shards), the same on every rank: their mean is itself.
+    totals = torch.stack([loss_sum, grad_norm.float().to(loss_sum.device),
+                          torch.tensor(float(stop.raised), device=loss_sum.device)])
+    if dist.enabled:
+        torch.distributed.all_reduce(totals, op=torch.distributed.ReduceOp.SUM)
+    loss_total, norm_total, stops = totals.tolist()
+    loss, grad_norm = loss_total / batches.accumulation, norm_total / dist.world_size
     if not math.isfinite(loss) or (not math.isfinite(grad_norm) and not scaler.is_enabled()):
         what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {grad_norm}"
         raise NonFinite(f"the training {what} at iteration {it}; stopped before the optimizer step")
-    optim.set_lr(optimizers, lr_scale)
+    set_lr(optimizers, lr_scale)
     for opt in optimizers:
         scaler.step(opt)  # float16: skipped when the scaled gradients overflowed
     scaler.update()
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    return loss, grad_norm, stop_now
+    return loss, grad_norm, stops > 0
+
+
+def clip_gradients(model, max_norm):
+    """The global gradient norm (all ranks' shards under FSDP), after clipping it to
+    max_norm when max_norm > 0 (the norm returned is the one before clipping)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if max_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor's total
+
+
+def set_lr(optimizers, scale):
+    """Set every group's rate to its peak rate ("base_lr", from optim.make_optimizers)
+    times `scale`, the schedule's factor (optim.lr_scale): Muon follows AdamW's schedule."""
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * scale
+
+
+class Forward:
+    """model(x, y) through torch.compile, falling back to eager (with a warning naming
+    the error) when compilation fails: a broken backend fails at the first forward
+    pass, not at torch.compile() (measured: docs/reliability.md). That is after
+    config.json was written, so the run's records learn of it through
+    `report_fallback_to`; `error` keeps the reason."""
+
+    def __init__(self, eager, use_compile):
+        self.eager = eager  # the raw model, or DDP around it
+        self.compiled = None
+        self.error = None
+        self.on_fallback = None
+        if use_compile:
+            try:
+                self.compiled = torch.compile(eager)
+            except Exception as e:
+                self._fall_back(e)
+
+    def _fall_back(self, e):
+        self.error = f"{type(e).__name__}: {first_line(e)}"
+        print(f"warning: torch.compile failed ({self.error}); continuing without compile",
+              file=sys.stderr)
+        self.compiled = None
+        if self.on_fallback is not None:
+            self.on_fallback(self.error)
+
+    def report_fallback_to(self, record):
+        """Call record(reason) when compilation fails (at once if it already has)."""
+        self.on_fallback = record
+        if self.error is not None:
+            record(self.error)
+
+    def __call__(self, x, y):
+        if self.compiled is not None:
+            try:
+                return self.compiled(x, y)
+            except torch.OutOfMemoryError:
+                raise  # not a compile failure: eager would run out of memory too
+            except Exception as e:
+                self._fall_back(e)
+        return self.eager(x, y)
+
+    @property
+    def require_backward_grad_sync(self):
+        return getattr(self.eager, "require_backward_grad_sync", True)
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, sync):
+        """DDP: whether this backward averages the gradients across ranks (nanoGPT's
+        name); one process has nothing to sync. FSDP reduce-scatters after every
+        micro-step instead: skipping it would keep an unsharded fp32 gradient of the
+        whole model until the last one (4 bytes a parameter, 6.2 GB for GPT-2 XL),
+        the memory FSDP is used to save. It all-gathers every block on every
+        micro-step anyway, so this adds about half again to its traffic."""
+        if hasattr(self.eager, "require_backward_grad_sync"):
+            self.eager.require_backward_grad_sync = sync
+
+    def train(self, mode=True):
+        self.eager.train(mode)
+
+    def eval(self):
+        self.eager.eval()
 
 
 @torch.no_grad()
@@ -230,12 +372,13 @@ def evaluate(model, plan, stop, progress):
             def between_batches(done, total, split=split):
                 progress.update(split, done, total)
                 due = done % EVAL_STOP_CHECK == 0 or done == total
-                return due and distributed.any_rank(stop.raised, plan.dist, plan.device)  # True: stop here
+                return due and distributed.any_rank(stop.raised, plan.dist, plan.device)  # stop
 
             total = scoring.score_windows(
                 model, lambda _, start, n, split=split: plan.batches.read(split, start, n), windows,
-                block_size=plan.batches.block_size, batch_size=plan.batch_size, byte_lengths=plan.byte_lengths,
-                device=plan.device, autocast=plan.autocast, rank=plan.dist.rank, world_size=plan.dist.world_size,
+                block_size=plan.batches.block_size, batch_size=plan.batch_size,
+                byte_lengths=plan.byte_lengths, device=plan.device, autocast=plan.autocast,
+                rank=plan.dist.rank, world_size=plan.dist.world_size,
                 between_batches=between_batches,
             )
             if total is None:
@@ -249,7 +392,8 @@ def evaluate(model, plan, stop, progress):
 
 def main(argv=None):
     try:  # mistakes every rank makes alike: under torchrun only rank 0 prints them
-        model_cfg, cfg = parse_settings(argv, [GPTConfig, TrainConfig], prog="train.py", description=__doc__)
+        model_cfg, cfg = parse_settings(argv, [GPTConfig, TrainConfig], prog="train.py",
+                                        description=__doc__)
         check_world_size(cfg, distributed.world_size_from_env())
         check_batch_sizes(model_cfg, cfg)
         if cfg.wandb_log and not cfg.eval_only:
@@ -266,7 +410,8 @@ def train(model_cfg, cfg):
     dist = distributed.init(cfg.backend, resolve_device(cfg.device).type)
     claim, ok = None, False
     try:
-        claim = distributed.agreed(dist, lambda: OutDir(cfg) if dist.is_main and not cfg.eval_only else None)
+        writes = dist.is_main and not cfg.eval_only
+        claim = distributed.agreed(dist, lambda: OutDir(cfg) if writes else None)
         code = run(model_cfg, cfg, dist, start_time)
         ok = True
         return code
@@ -295,18 +440,24 @@ def run(model_cfg, cfg, dist, start_time):
     scaler = optim.make_scaler(dev.dtype, dev.type)
     # Resume: optimizer moments, GradScaler, RNG states and the loop's state come back (an
     # FSDP checkpoint is resharded to this number of ranks; each rank takes its own RNG).
-    state = setup.resume(ckpt, raw_model, optimizers, scaler, cfg, dist, dev) if ckpt else RunState()
+    state = RunState()
+    if ckpt:
+        state = setup.resume(ckpt, raw_model, optimizers, scaler, cfg, dist, dev)
     ckpt = None  # free the memory
     # DDP: wrap the model so that backward averages the gradients across ranks (FSDP's
     # sharded model does it itself); then torch.compile, falling back to eager.
-    model = setup.wrap(raw_model, cfg, dist, dev, iteration=lambda: state.iter_num)
+    module = setup.wrap(raw_model, cfg, dist, dev, iteration=lambda: state.iter_num)
+    model = Forward(module, dev.compile)
 
-    settings = settings_dict(model_cfg, dataclasses.replace(
-        cfg, device=dev.name, dtype=str(dev.dtype).removeprefix("torch."), compile=str(dev.compile).lower()))
+    dtype = str(dev.dtype).removeprefix("torch.")
+    settings = settings_dict(model_cfg, dataclasses.replace(cfg, device=dev.name, dtype=dtype,
+                                                            compile=str(dev.compile).lower()))
     write = dist.is_main and not cfg.eval_only
     if dist.is_main:
-        print("settings: " + textwrap.fill("  ".join(f"{k}={v}" for k, v in settings.items()), 100, subsequent_indent="  "))
-        print(f"{raw_model.num_params() / 1e6:.2f}M parameters | world size {dist.world_size} | {dev.name} {settings['dtype']} | compile {dev.compile}")
+        listed = "  ".join(f"{k}={v}" for k, v in settings.items())
+        print("settings: " + textwrap.fill(listed, 100, subsequent_indent="  "))
+        print(f"{raw_model.num_params() / 1e6:.2f}M parameters | world size {dist.world_size} | "
+              f"{dev.name} {settings['dtype']} | compile {dev.compile}")
         if note := embedding_heavy_note(raw_model, cfg.init_from):
             print(note)
         if lora.is_applied(raw_model):
@@ -314,45 +465,63 @@ def run(model_cfg, cfg, dist, start_time):
     if write and cfg.init_from == "resume":
         logger.trim_metrics(out_dir / "metrics.jsonl", state.iter_num)
     peak_flops = measure_peak(dev.name) if dist.is_main else None
+
+    def mfu(tokens_per_s):  # of this rank's share of the tokens; None without a known peak
+        if not peak_flops:
+            return None
+        return estimate_mfu(model_cfg, tokens_per_s / dist.world_size, peak_flops)
+
+    tokens_per_iter = cfg.batch_size * model_cfg.block_size * cfg.gradient_accumulation_steps
     log = logger.Logger(cfg, state, settings, dist.is_main, write_files=write,
-                        tokens_per_iter=cfg.batch_size * model_cfg.block_size * cfg.gradient_accumulation_steps,
-                        mfu=lambda tokens_per_s: estimate_mfu(model_cfg, tokens_per_s / dist.world_size, peak_flops) if peak_flops else None)
-    model.report_fallback_to(log.compile_failed)  # compile fails at the first forward: the records say so then
+                        tokens_per_iter=tokens_per_iter, mfu=mfu)
+    model.report_fallback_to(log.compile_failed)  # compile fails at the first forward: logged
     if write:
         write_text_atomic(out_dir / "config.json", json.dumps(settings, indent=2) + "\n")
-    info = {"model_config": dataclasses.asdict(model_cfg), "tokenizer": meta["tokenizer"], "config": settings,
-            "data_fingerprint": meta.get("fingerprint"), "dataset": cfg.dataset,
+    info = {"model_config": dataclasses.asdict(model_cfg), "tokenizer": meta["tokenizer"],
+            "config": settings, "data_fingerprint": meta.get("fingerprint"), "dataset": cfg.dataset,
             "provenance": provenance(dev.name) if dist.is_main else None}
     saver = Checkpointer(out_dir, raw_model, optimizers, scaler, info, dist, dev.name, cfg.parallel,
                          resumed_at=state.iter_num if cfg.init_from == "resume" else None)
     batches = dataset.Batches(cfg.data_dir, cfg.dataset, meta, model_cfg.block_size, dev.name,
                               cfg.batch_size, cfg.gradient_accumulation_steps, cfg.seed)
     plan = setup.eval_plan(cfg, meta, batches, dev, dist)
+    step = Step(model, raw_model, optimizers, scaler, batches, dev.autocast(), dist, cfg.grad_clip)
 
     stop = distributed.StopFlag().install()
     try:
         while True:
             if state.eval_due(cfg.eval_interval, cfg.max_iters) or cfg.eval_only:
                 if state.iter_num >= cfg.max_iters and not cfg.eval_only:
-                    saver.save_finished(state, cfg.always_save_checkpoint)  # before the last evaluation, which can fail
+                    saver.save_finished(state, cfg.always_save_checkpoint)  # the last eval may fail
                 with log.clock.paused():  # train_cpu_s leaves evaluations out
                     scores = evaluate(model, plan, stop, log.eval_progress(state.iter_num))
+                state.train_cpu_s = log.clock.cpu_s()
                 if scores is None:  # a stop signal during the evaluation
-                    return stopped(saver, state, log, stop, start_time, f"during the evaluation at iteration {state.iter_num}")
+                    when = f"during the evaluation at iteration {state.iter_num}"
+                    return stopped(saver, state, log, stop, start_time, when)
                 log.eval(scores, optim.lr_at(state.iter_num, cfg))
                 if cfg.eval_only:
                     break
-                saver.after_eval(state, scores, cfg.always_save_checkpoint)
+                val_loss, train_loss = scores["val"].loss, scores["train"].loss
+                if not (math.isfinite(val_loss) and math.isfinite(train_loss)):
+                    raise NonFinite(f"the val loss is {val_loss} (train {train_loss}) at iteration "
+                                    f"{state.iter_num}; nothing saved")
+                improved = val_loss < state.best_val_loss
+                state.val_loss, state.last_eval_iter = val_loss, state.iter_num
+                state.best_val_loss = min(state.best_val_loss, val_loss)
+                saver.after_eval(state, improved, cfg.always_save_checkpoint)  # ckpt.pt, best.pt
             if state.iter_num >= cfg.max_iters:
                 break
             lr_scale = optim.lr_scale(state.iter_num, cfg)  # once per step: set, then logged
             with log.clock.step():
-                loss, grad_norm, stop_now = train_step(state.iter_num, model, raw_model, optimizers, scaler,
-                                                       batches, cfg, dist, dev.autocast(), stop, lr_scale)
-            log.train(loss, grad_norm, cfg.learning_rate * lr_scale)  # = optim.lr_at(state.iter_num, cfg)
+                loss, grad_norm, stop_now = train_step(step, state.iter_num, lr_scale, stop)
+            state.train_time_s += log.clock.last_step_s
+            state.train_cpu_s = log.clock.cpu_s()
+            log.train(loss, grad_norm, cfg.learning_rate * lr_scale)  # optim.lr_at(state.iter_num)
             state.iter_num += 1
             if stop_now:
-                return stopped(saver, state, log, stop, start_time, f"at iteration {state.iter_num}")
+                when = f"at iteration {state.iter_num}"
+                return stopped(saver, state, log, stop, start_time, when)
     except NonFinite as e:
         raise saver.failed(str(e)) from None
     finally:
@@ -360,13 +529,14 @@ def run(model_cfg, cfg, dist, start_time):
         log.close()
         batches.close()
     if dist.is_main and not cfg.eval_only:
-        print(f"done: {state.iter_num} iterations, best val loss {state.best_val_loss:.4f}, checkpoints in {out_dir} "
-              f"({logger.format_duration(time.monotonic() - start_time)} in all)")
+        elapsed = logger.format_duration(time.monotonic() - start_time)
+        print(f"done: {state.iter_num} iterations, best val loss {state.best_val_loss:.4f}, "
+              f"checkpoints in {out_dir} ({elapsed} in all)")
     return 0
 
 
 def stopped(saver, state, log, stop, start_time, when):
-    """A clean stop on SIGINT/SIGTERM: save (unless nothing was trained yet) and say how to go on."""
+    """A clean stop on SIGINT/SIGTERM: save (unless nothing was trained yet), say how to go on."""
     by = stop.signal_name or "a signal on another rank"
     elapsed = logger.format_duration(time.monotonic() - start_time)
     if state.iter_num > 0:

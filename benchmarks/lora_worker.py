@@ -39,6 +39,7 @@ def main(shape, mode, device, block_size, batch_size, steps, out):
     from gptkit import lora
     from gptkit.train import optim
     from model import GPT, GPTConfig
+    from train import clip_gradients
 
     torch.manual_seed(0)
     with torch.device(device):
@@ -54,7 +55,7 @@ def main(shape, mode, device, block_size, batch_size, steps, out):
         start = time.perf_counter()
         _, loss = model(x, x)
         loss.backward()
-        optim.clip_gradients(model, 1.0)
+        clip_gradients(model, 1.0)
         grads_mb = tensor_mb(p.grad for p in model.parameters() if p.grad is not None)
         adamw.step()
         adamw.zero_grad(set_to_none=True)

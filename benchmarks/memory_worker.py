@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
+import torch.distributed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -41,15 +41,15 @@ def main(parallel, ac, out):
     from gptkit.train.distributed import Dist, broadcast_params
     from model import GPT, GPTConfig
 
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    d = Dist(rank=rank, world_size=dist.get_world_size(), enabled=True)
+    torch.distributed.init_process_group("gloo")
+    rank = torch.distributed.get_rank()
+    dist = Dist(rank=rank, world_size=torch.distributed.get_world_size(), enabled=True)
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPE))
     if ac:
         fsdp.checkpoint_blocks(model)
     if parallel == "fsdp":
-        broadcast_params(model, d)
+        broadcast_params(model, dist)
         fsdp.shard(model, torch.float32)
         module = model
     else:
@@ -73,8 +73,8 @@ def main(parallel, ac, out):
         "rank": rank, "n_params": model.num_params(), "params_mb": params / 2**20, "grads_mb": grads / 2**20,
         "optimizer_mb": state / 2**20, "rss_before_mb": before, "peak_rss_mb": peak,
     }))
-    dist.barrier()
-    dist.destroy_process_group()
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

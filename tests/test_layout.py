@@ -2,6 +2,7 @@
 imports from anywhere without side effects."""
 
 import ast
+import dataclasses
 import os
 import subprocess
 import sys
@@ -128,3 +129,65 @@ def test_no_import_cycle_among_the_projects_modules():
 
     cycles = [c for c in map(visit, sorted(graph)) if c]
     assert not cycles, "import cycle: " + " -> ".join(cycles[0])
+
+
+def gptkit_names(tree):
+    """The module-level names a script binds by importing from gptkit."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] == "gptkit":
+            names |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == "gptkit"}
+    return names
+
+
+def test_the_training_step_calls_nothing_from_gptkit():
+    """train_step reads in train.py alone: torch, the model, the batches and the
+    optimizers' own methods, and the train.py functions it names (themselves held to
+    the same rule). Set-up and I/O stay in gptkit; the step does not reach into it."""
+    tree = ast.parse((REPO / "train.py").read_text(encoding="utf-8"))
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    banned, seen, todo, problems = gptkit_names(tree), set(), ["train_step"], []
+    while todo:
+        name = todo.pop()
+        seen.add(name)
+        for node in ast.walk(functions[name]):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                if node.id in banned:
+                    problems.append(f"{name} uses {node.id} (line {node.lineno})")
+                elif node.id in functions and node.id not in seen:
+                    todo.append(node.id)
+    assert "clip_gradients" in seen and "set_lr" in seen  # the rule reaches what the step calls
+    assert problems == []
+
+
+def test_run_state_is_assigned_only_by_the_loop_and_its_own_methods():
+    """Every change to the loop's state is visible in train.py's loop or in RunState's
+    methods (gptkit/train/run_state.py): the checkpointer and the logger only read it.
+    (Another class's own attribute of the same name, self.iter_num, is its own.)"""
+    from gptkit.train.run_state import RunState
+
+    fields = {f.name for f in dataclasses.fields(RunState)}
+    allowed = {REPO / "train.py", REPO / "gptkit" / "train" / "run_state.py"}
+    paths = [REPO / name for name in sorted(ROOT_SCRIPTS)] + sorted((REPO / "gptkit").rglob("*.py"))
+    problems = []
+    for path in paths:
+        if path in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and len(node.args) > 1:
+                name = node.args[1].value if isinstance(node.args[1], ast.Constant) else None
+                if name in fields:
+                    problems.append(f"{path.relative_to(REPO)}:{node.lineno} setattr(..., {name!r})")
+            for target in targets:
+                for sub in ast.walk(target):
+                    own = isinstance(sub, ast.Attribute) and getattr(sub.value, "id", None) == "self"
+                    if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) and sub.attr in fields and not own:
+                        problems.append(f"{path.relative_to(REPO)}:{node.lineno} assigns .{sub.attr}")
+    assert problems == []

@@ -15,7 +15,6 @@ import torch
 
 from gptkit.checkpoint import load_checkpoint
 from gptkit.errors import UserError, run_main
-from gptkit.train import setup
 import train
 from train_helpers import (
     REPO,
@@ -304,7 +303,7 @@ def test_compile_failure_falls_back_to_eager(monkeypatch, capsys):
         return call
 
     monkeypatch.setattr(torch, "compile", broken_compile)
-    forward = setup.Forward(lambda x, y: (x, y), use_compile=True)
+    forward = train.Forward(lambda x, y: (x, y), use_compile=True)
     assert forward(1, 2) == (1, 2)
     assert "torch.compile failed (RuntimeError: BackendCompilerFailed: no C compiler)" in capsys.readouterr().err
     assert forward.compiled is None

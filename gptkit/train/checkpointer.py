@@ -3,7 +3,7 @@
 every rank writing its own shard (gptkit/train/sharded.py).
 
     saver = Checkpointer(out_dir, raw_model, optimizers, scaler, info, dist, device, parallel)
-    saver.after_eval(state, scores, always_save=True)   # ckpt.pt, and best.pt when it improved
+    saver.after_eval(state, improved, always_save=True)  # ckpt.pt, and best.pt when it improved
     saver.save_finished(state, always_save=True)         # ckpt.pt at the last step, before the final evaluation
 
 A checkpoint holds the raw model's state dict (never the DDP or compiled
@@ -17,7 +17,6 @@ file even under FSDP. Writing is atomic
 """
 
 import dataclasses
-import math
 
 import torch
 
@@ -27,10 +26,6 @@ from gptkit.errors import PeerFailed, RunFailed
 from gptkit.train import distributed
 from gptkit.train import sharded
 from gptkit.train.run_state import rng_state
-
-
-class NonFinite(Exception):
-    """The loss, the gradient norm or the val loss is NaN or inf (the message says which, and where)."""
 
 
 class Checkpointer:
@@ -82,15 +77,9 @@ class Checkpointer:
         if always_save and state.iter_num > 0 and self.last_iter != state.iter_num:
             self.save("ckpt", state)
 
-    def after_eval(self, state, scores, always_save):
-        """Record an evaluation ({split: Score}) in the state; save ckpt.pt (always, or when
-        the val loss improved) and best.pt (when it improved). A non-finite loss saves nothing."""
-        val_loss, train_loss = scores["val"].loss, scores["train"].loss
-        if not (math.isfinite(val_loss) and math.isfinite(train_loss)):
-            raise NonFinite(f"the val loss is {val_loss} (train {train_loss}) at iteration {state.iter_num}; nothing saved")
-        improved = val_loss < state.best_val_loss
-        state.val_loss, state.last_eval_iter = val_loss, state.iter_num
-        state.best_val_loss = min(state.best_val_loss, val_loss)
+    def after_eval(self, state, improved, always_save):
+        """After an evaluation the loop has recorded in `state`: save ckpt.pt (always, or
+        when the val loss improved) and best.pt (when it improved)."""
         if state.iter_num > 0 and (improved or always_save):
             self.save("ckpt", state)
         if state.iter_num > 0 and improved:

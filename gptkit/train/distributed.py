@@ -24,7 +24,7 @@ import os
 import signal
 
 import torch
-import torch.distributed as dist
+import torch.distributed
 
 from gptkit.errors import PeerFailed, UserError
 
@@ -73,18 +73,18 @@ def init(backend, device_type):
                 "give torchrun --nproc_per_node at most the number of GPUs"
             )
         torch.cuda.set_device(local_rank)  # one process per device
-    dist.init_process_group(backend=backend)
+    torch.distributed.init_process_group(backend=backend)
     return Dist(rank=rank, local_rank=local_rank, world_size=world_size, enabled=True)
 
 
-def cleanup(d, ok=True):
+def cleanup(dist, ok=True):
     """Leave the process group. After an error, leave without waiting for the others:
     they may be blocked in a collective this rank will never join."""
-    if d.enabled and dist.is_initialized():
+    if dist.enabled and torch.distributed.is_initialized():
         if ok:
             # Without this barrier 4 of 15 two-process gloo runs aborted at exit (docs/reliability.md).
-            dist.barrier()
-        dist.destroy_process_group()
+            torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 PEER_FAILURE_SIGNS = ("closed by peer", "connection reset", "broken pipe", "remote worker", "aborted", "timed out")
@@ -96,76 +96,66 @@ def is_peer_failure(error):
     return isinstance(error, (RuntimeError, OSError)) and any(sign in text for sign in PEER_FAILURE_SIGNS)
 
 
-def agreed(d, fn):
+def agreed(dist, fn):
     """Run fn() on this rank, then let every rank know whether any rank failed with a
     UserError: then all stop, rank 0 reporting each distinct message once (naming the
     ranks when not all had it) and the others quietly. fn must not use collectives."""
     try:
         value, message = fn(), None
     except UserError as e:
-        if not d.enabled:
+        if not dist.enabled:
             raise
         value, message = None, str(e)
-    if not d.enabled:
+    if not dist.enabled:
         return value
-    messages = gather_objects(message, d)
+    messages = gather_objects(message, dist)
     failed = {}
     for rank, m in enumerate(messages):
         if m is not None:
             failed.setdefault(m, []).append(rank)
     if not failed:
         return value
-    if not d.is_main:
+    if not dist.is_main:
         raise PeerFailed()
-    everyone = len(failed) == 1 and len(next(iter(failed.values()))) == d.world_size
+    everyone = len(failed) == 1 and len(next(iter(failed.values()))) == dist.world_size
     if everyone:
         raise UserError(next(iter(failed)))
     raise UserError("; ".join(f"on rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {m}" for m, r in failed.items()))
 
 
-def all_reduce_sum(tensor, d):
-    if d.enabled:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+def all_reduce_sum(tensor, dist):
+    if dist.enabled:
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
     return tensor
 
 
-def step_totals(loss_sum, grad_norm, stop, d):
-    """(loss sum over all ranks, the gradient norm, whether any rank was asked to stop),
-    in one all-reduce. The norm is already global (DDP averaged the gradients, FSDP's
-    is over all shards), so it is the same on every rank: its mean is itself."""
-    stats = torch.stack([loss_sum, grad_norm.float().to(loss_sum.device),
-                         torch.tensor(float(stop), device=loss_sum.device)])
-    loss_total, norm_total, stops = all_reduce_sum(stats, d).tolist()
-    return loss_total, norm_total / d.world_size, stops > 0
-
-
-def any_rank(flag, d, device):
+def any_rank(flag, dist, device):
     """True on every rank when `flag` is true on at least one."""
-    if not d.enabled:
+    if not dist.enabled:
         return bool(flag)
     t = torch.tensor(float(flag), device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
     return t.item() > 0
 
 
-def barrier(d):
-    if d.enabled:
-        dist.barrier()
+def barrier(dist):
+    if dist.enabled:
+        torch.distributed.barrier()
 
 
-def broadcast_params(model, d):
+def broadcast_params(model, dist):
     """Rank 0's parameters on every rank (DDP does this itself when it wraps a model)."""
-    if d.enabled:
+    if dist.enabled:
         for p in model.parameters():
-            dist.broadcast(p.data, src=0)
+            torch.distributed.broadcast(p.data, src=0)
 
 
-def gather_objects(obj, d):
+def gather_objects(obj, dist):
     """Every rank's `obj` as a list on every rank (plain values only)."""
-    if not d.enabled:
+    if not dist.enabled:
         return [obj]
-    out = [None] * d.world_size
-    dist.all_gather_object(out, obj)
+    out = [None] * dist.world_size
+    torch.distributed.all_gather_object(out, obj)
     return out
 
 

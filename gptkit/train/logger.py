@@ -104,13 +104,13 @@ def trim_metrics(path, resume_iter):
 
 
 class Clock:
-    """The run's two clocks, kept in its RunState so that a checkpoint saves them:
-    train_time_s, wall seconds inside training steps (`with clock.step():`), and
-    train_cpu_s, this process's CPU seconds (all threads) with evaluations left
-    out (`with clock.paused():`), the figure bench.py's one-thread comparisons read."""
+    """Measures the run's two clocks; the loop keeps them in its RunState, so that a
+    checkpoint saves them: train_time_s, wall seconds inside training steps (the sum
+    of `last_step_s` after each `with clock.step():`), and train_cpu_s (`cpu_s()`),
+    this process's CPU seconds (all threads) with evaluations left out (`with
+    clock.paused():`), the figure bench.py's one-thread comparisons read."""
 
     def __init__(self, state):
-        self.state = state
         self.cpu_offset = -state.train_cpu_s  # a resumed run goes on counting
         self.last_step_s = 0.0
 
@@ -119,8 +119,6 @@ class Clock:
         t0 = time.perf_counter()
         yield
         self.last_step_s = time.perf_counter() - t0
-        self.state.train_time_s += self.last_step_s
-        self.state.train_cpu_s = time.process_time() - self.cpu_offset
 
     @contextmanager
     def paused(self):
@@ -129,7 +127,10 @@ class Clock:
             yield
         finally:
             self.cpu_offset += time.process_time() - cpu0
-            self.state.train_cpu_s = time.process_time() - self.cpu_offset
+
+    def cpu_s(self):
+        """This process's CPU seconds so far, the paused ones left out."""
+        return time.process_time() - self.cpu_offset
 
 
 class Logger:

@@ -1,7 +1,9 @@
 """Optimizers and the learning-rate schedule, built from the training settings.
 
     optimizers = make_optimizers(model, cfg, device_type="cuda")  # [AdamW] or [AdamW, Muon]
-    set_lr(optimizers, lr_scale(step, cfg))  # pure: the schedule can be tested and plotted without a model
+    scale = lr_scale(step, cfg)  # pure: the schedule can be tested and plotted without a model
+
+train.py's set_lr sets every group's rate to its "base_lr" times that scale at each step.
 
 AdamW decays only the matrices (weights of linear layers and embeddings), not
 biases or norm gains: decaying a bias or a gain towards zero only pulls the
@@ -83,7 +85,7 @@ def adamw_groups(named_params, weight_decay):
 def make_optimizers(model, cfg, device_type):
     """[AdamW] or, with optimizer="muon", [AdamW, Muon] for the raw model.
 
-    Every param group remembers its own peak rate in "base_lr", and
+    Every param group remembers its own peak rate in "base_lr", and train.py's
     `set_lr(optimizers, lr_scale(step, cfg))` scales them all by the schedule,
     so Muon follows the same warmup and decay as AdamW."""
     fused = device_type == "cuda"  # one kernel for all parameters; CUDA only
@@ -117,25 +119,8 @@ def make_optimizers(model, cfg, device_type):
     return optimizers
 
 
-def set_lr(optimizers, scale):
-    """Set every group's rate to its base rate times `scale` (the schedule's factor)."""
-    for opt in optimizers:
-        for group in opt.param_groups:
-            group["lr"] = group["base_lr"] * scale
-
-
 def make_scaler(dtype, device_type):
     """A GradScaler, enabled for float16 only (its small range needs loss scaling).
     Disabled, it is the identity: scale() returns the loss, step() just steps."""
     return torch.amp.GradScaler(device_type, enabled=dtype == torch.float16)
 
-
-def clip_gradients(model, max_norm):
-    """The global gradient norm (all ranks' shards under FSDP), after clipping it to
-    max_norm when max_norm > 0 (the norm returned is the one before clipping)."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if max_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor's global value

@@ -4,18 +4,14 @@
     meta, raw_model, model_cfg, ckpt = start(model_cfg, cfg, dist, dev)   # data and model
     shard(raw_model, ckpt, cfg, dist, dev)                  # FSDP only
     state = resume(ckpt, raw_model, optimizers, scaler, cfg, dist, dev)   # or RunState()
-    model = wrap(raw_model, cfg, dist, dev)                 # DDP, then torch.compile
+    module = wrap(raw_model, cfg, dist, dev)                # DDP (train.py's Forward then compiles)
     plan = eval_plan(cfg, meta, batches, dev, dist)         # what each evaluation scores
 
-Also here: the out_dir (one writer, no silent overwrite), the forward pass through
-torch.compile with an eager fallback, and the checks that need more than one
-setting (sizes, ranks, a checkpoint to resume)."""
+Also here: the checks that need more than one setting (sizes, ranks, a checkpoint
+to resume). The out_dir's one-writer claim is gptkit/train/out_dir.py."""
 
 import dataclasses
 import random
-import shutil
-import sys
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -29,11 +25,9 @@ from gptkit import lora
 from gptkit import scoring
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.device import enable_tf32, resolve_device, training_dtype
-from gptkit.errors import UserError, first_line
+from gptkit.errors import UserError
 from gptkit.interop.hf_gpt2 import HUB_NAMES
 from gptkit.loading import adapted_model, checkpoint_of, load_base
-from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
-from gptkit.paths import claim_output
 from gptkit.tokenizer import tokenizer_from_dict
 from gptkit.train import distributed
 from gptkit.train import fsdp
@@ -140,9 +134,10 @@ def resume(ckpt, raw_model, optimizers, scaler, cfg, dist, dev):
 
 
 def wrap(raw_model, cfg, dist, dev, iteration):
-    """The model the training step calls: DDP around the raw model when there are
-    several ranks (FSDP has sharded it in place already), then torch.compile.
-    `iteration()` is the loop's iteration, for the test-only faults (gptkit/faults.py)."""
+    """The module the training step's forward runs (train.py's Forward compiles it):
+    DDP around the raw model when there are several ranks, else the raw model (FSDP
+    has sharded it in place already). `iteration()` is the loop's iteration, for the
+    test-only faults (gptkit/faults.py)."""
     faults.install(raw_model, iteration)
     module = raw_model
     if dist.enabled and cfg.parallel == "ddp":
@@ -151,7 +146,7 @@ def wrap(raw_model, cfg, dist, dev, iteration):
         # Buffers (masks, RoPE tables) are built identically on every rank: no need to
         # broadcast them, and not doing so keeps forward passes free of collectives.
         module = DDP(raw_model, device_ids=[dist.local_rank] if dev.type == "cuda" else None, broadcast_buffers=False)
-    return Forward(module, dev.compile)
+    return module
 
 
 @dataclasses.dataclass
@@ -278,128 +273,6 @@ def _resume_checkpoint(out_dir):
 def describe_vocab(tokenizer, vocab_size):
     kind = tokenizer.get("type") if isinstance(tokenizer, dict) else tokenizer
     return f"{kind} ({vocab_size} tokens)"
-
-
-class Forward:
-    """model(x, y) through torch.compile, falling back to eager (with a warning naming
-    the error) when compilation fails: a broken backend fails at the first forward
-    pass, not at torch.compile() (measured: docs/reliability.md). That is after
-    config.json was written, so the run's records learn of it through
-    `report_fallback_to`; `error` keeps the reason."""
-
-    def __init__(self, eager, use_compile):
-        self.eager = eager  # the raw model, or DDP around it
-        self.compiled = None
-        self.error = None
-        self.on_fallback = None
-        if use_compile:
-            try:
-                self.compiled = torch.compile(eager)
-            except Exception as e:
-                self._fall_back(e)
-
-    def _fall_back(self, e):
-        self.error = f"{type(e).__name__}: {first_line(e)}"
-        print(f"warning: torch.compile failed ({self.error}); continuing without compile", file=sys.stderr)
-        self.compiled = None
-        if self.on_fallback is not None:
-            self.on_fallback(self.error)
-
-    def report_fallback_to(self, record):
-        """Call record(reason) when compilation fails (at once if it already has)."""
-        self.on_fallback = record
-        if self.error is not None:
-            record(self.error)
-
-    def __call__(self, x, y):
-        if self.compiled is not None:
-            try:
-                return self.compiled(x, y)
-            except torch.OutOfMemoryError:
-                raise  # not a compile failure: eager would run out of memory too
-            except Exception as e:
-                self._fall_back(e)
-        return self.eager(x, y)
-
-    @property
-    def require_backward_grad_sync(self):
-        return getattr(self.eager, "require_backward_grad_sync", True)
-
-    @require_backward_grad_sync.setter
-    def require_backward_grad_sync(self, sync):
-        """DDP: whether this backward averages the gradients across ranks (nanoGPT's
-        name); one process has nothing to sync. FSDP reduce-scatters after every
-        micro-step instead: skipping it would keep an unsharded fp32 gradient of the
-        whole model until the last one (4 bytes a parameter, 6.2 GB for GPT-2 XL),
-        the memory FSDP is used to save. It all-gathers every block on every
-        micro-step anyway, so this adds about half again to its traffic."""
-        if hasattr(self.eager, "require_backward_grad_sync"):
-            self.eager.require_backward_grad_sync = sync
-
-    def train(self, mode=True):
-        self.eager.train(mode)
-
-    def eval(self):
-        self.eager.eval()
-
-
-class OutDir:
-    """The run's out_dir, held by one writer (rank 0) from start to end.
-
-    Taking it: the one-writer lock (a second run on the same out_dir is refused,
-    naming the process that holds it), the removal of temporary files left by
-    killed runs, and the refusal to start a new run over an old one unless
-    overwrite is set. Released at the end; a folder this run created and never
-    wrote to is removed again."""
-
-    RUN_FILES = ("ckpt.pt", "best.pt", "metrics.jsonl", "config.json")
-
-    def __init__(self, cfg):
-        # A folder (not a file), writable, with a name the system takes: else one line now.
-        self.path = claim_output(cfg.out_dir, "folder", overwrite=True, what="out_dir")
-        self.created = not self.path.exists()
-        try:
-            self.lock = FolderLock(self.path, "training run", "use another --out_dir").acquire()
-        except OSError as e:
-            raise UserError(f"cannot use out_dir {self.path}: {e.strerror or e}")
-        try:
-            removed = remove_stale_temps(self.path)
-            if (self.path / sharded.TEMP).is_dir():  # a sharded save that died: we hold the lock, so no one writes it
-                shutil.rmtree(self.path / sharded.TEMP)
-                removed.append(sharded.TEMP)
-            if removed:
-                print(f"removed {len(removed)} temporary file(s) left in {self.path} by a run that was killed")
-            if cfg.init_from != "resume":
-                self._make_room(cfg.overwrite)
-        except BaseException:
-            self.release(ok=True)  # refused before anything was written: leave the folder as it was
-            raise
-
-    def _make_room(self, overwrite):
-        held = [name for name in ("ckpt.pt", "best.pt", sharded.FOLDER, sharded.OLD) if (self.path / name).exists()]
-        if held and not overwrite:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime((self.path / held[0]).stat().st_mtime))
-            raise UserError(
-                f"out_dir {self.path} already holds a run ({' and '.join(held)}, saved {when}): continue it with "
-                f"--init_from=resume, start a new one with --out_dir=OTHER, or replace it with --overwrite=true"
-            )
-        for name in self.RUN_FILES:  # a run that saved no checkpoint leaves only logs: start them afresh
-            (self.path / name).unlink(missing_ok=True)
-        for name in (sharded.FOLDER, sharded.OLD):  # --overwrite: an FSDP run's shards go too
-            shutil.rmtree(self.path / name, ignore_errors=True)
-
-    def release(self, ok=True):
-        """Let go of the out_dir. A run that failed before saving any checkpoint takes
-        its config.json and metrics.jsonl with it, and the folder if it made it."""
-        try:
-            if not ok and not any((self.path / name).exists() for name in ("ckpt.pt", "best.pt", sharded.FOLDER, sharded.OLD)):
-                for name in self.RUN_FILES:
-                    (self.path / name).unlink(missing_ok=True)
-        finally:
-            self.lock.release()
-        if self.created and [p.name for p in self.path.iterdir()] == [LOCK_NAME]:
-            (self.path / LOCK_NAME).unlink(missing_ok=True)
-            self.path.rmdir()
 
 
 def embedding_heavy_note(model, init_from, share_limit=0.5):

@@ -8,6 +8,7 @@ import torch
 
 from gptkit.train import optim
 from model import GPT, GPTConfig
+from train import set_lr
 
 
 def cfg(**kw):
@@ -63,7 +64,7 @@ def test_muon_and_adamw_cover_every_parameter_once_and_follow_the_schedule():
     covered = [id(p) for opt in (adamw, muon) for g in opt.param_groups for p in g["params"]]
     assert sorted(covered) == sorted(id(p) for p in model.parameters())
     assert all(p.dim() == 2 for g in muon.param_groups for p in g["params"])
-    optim.set_lr([adamw, muon], 0.5)
+    set_lr([adamw, muon], 0.5)
     assert adamw.param_groups[0]["lr"] == pytest.approx(5e-4) and muon.param_groups[0]["lr"] == pytest.approx(0.01)
 
 

@@ -16,7 +16,7 @@ from gptkit.checkpoint import load_checkpoint
 from gptkit.errors import UserError
 from gptkit.train import sharded
 from gptkit.train.distributed import Dist
-from gptkit.train.shard_checks import file_record
+from gptkit.train.sharded import file_record
 from malicious import RunsCode
 from model import GPT, GPTConfig
 

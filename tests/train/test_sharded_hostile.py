@@ -20,7 +20,7 @@ import train
 from gptkit.checkpoint import load_checkpoint
 from gptkit.errors import UserError
 from gptkit.train import sharded
-from gptkit.train.shard_checks import file_record
+from gptkit.train.sharded import file_record
 from malicious import RunsCode
 from train_helpers import REPO, run_torchrun, subprocess_env, tiny_args, write_char_dataset
 
