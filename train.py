@@ -37,6 +37,7 @@ import torch
 import torch.distributed
 
 from gptkit import dataset
+from gptkit import fused
 from gptkit import lora
 from gptkit import scoring
 from gptkit.checkpoint import write_text_atomic
@@ -62,6 +63,7 @@ CHOICES = {
     "dtype": ("auto", *DTYPES),
     "backend": ("auto", "nccl", "gloo"),
     "parallel": ("ddp", "fsdp"),
+    "cpu_kernels": ("fused", "model"),
 }
 
 
@@ -142,6 +144,9 @@ class TrainConfig:
                          "CPU) | float32 | bfloat16 | float16")
     compile: bool | str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | "
                                   "false")
+    cpu_kernels: str = setting("fused", "RMSNorm and ReLU² on a CPU in float32: fused (their "
+                               "backward written by hand, gptkit/fused.py; same values) | model "
+                               "(model.py's modules, autograd's backward)")
     seed: int = setting(1337, f"random seed (weights, dropout, data order), 0 to {MAX_SEED}")
 
     def __post_init__(self):
@@ -450,14 +455,17 @@ def run(model_cfg, cfg, dist, start_time):
     model = Forward(module, dev.compile)
 
     dtype = str(dev.dtype).removeprefix("torch.")
+    kernels = "fused" if fused.swapped_count(raw_model) else "model"  # what runs, as compile
     settings = settings_dict(model_cfg, dataclasses.replace(cfg, device=dev.name, dtype=dtype,
-                                                            compile=str(dev.compile).lower()))
+                                                            compile=str(dev.compile).lower(),
+                                                            cpu_kernels=kernels))
     write = dist.is_main and not cfg.eval_only
     if dist.is_main:
         listed = "  ".join(f"{k}={v}" for k, v in settings.items())
         print("settings: " + textwrap.fill(listed, 100, subsequent_indent="  "))
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters | world size {dist.world_size} | "
-              f"{dev.name} {settings['dtype']} | compile {dev.compile}")
+              f"{dev.name} {settings['dtype']} | compile {dev.compile} | kernels "
+              + ("gptkit/fused.py (RMSNorm, ReLU² backward by hand)" if kernels == "fused" else "model.py"))
         if note := embedding_heavy_note(raw_model, cfg.init_from):
             print(note)
         if lora.is_applied(raw_model):

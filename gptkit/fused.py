@@ -14,7 +14,9 @@ torch.autograd.gradcheck (tests/test_fused.py).
 
 model.py keeps the plain formulas. `apply(model)` swaps these versions into a
 built model from outside, as nanochat converts its Linear layers to FP8 after
-building the model; train.py calls it for runs in float32 on the CPU:
+building the model; train.py calls it for runs in float32 on the CPU (its setting
+`cpu_kernels`, fused by default; `--cpu_kernels model` runs model.py's modules, and
+the run's header and config.json say which ran):
 
     model = GPT(GPTConfig(norm="rmsnorm", mlp="relu2"))
     fused.apply(model)   # same parameters, same state_dict, faster backward on CPU float32
@@ -104,6 +106,11 @@ def swapped(module):
         fast.weight, fast.bias = module.weight, module.bias  # shared, not copied: optimizers and checkpoints see no change
         return fast.train(module.training)
     return None
+
+
+def swapped_count(model):
+    """How many of `model`'s modules are the fused versions (0: model.py's run)."""
+    return sum(isinstance(m, (FusedReLU2, FusedRMSNorm)) for m in model.modules())
 
 
 def apply(model):

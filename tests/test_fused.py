@@ -2,6 +2,7 @@
 apply() swaps them into a built GPT without changing what it computes or saves."""
 
 import copy
+import json
 
 import torch
 import torch.nn.functional as F
@@ -87,3 +88,35 @@ def test_swapped_modules_use_the_hand_written_backward_only_for_float32_on_cpu()
     assert torch.equal(norm(x16), plain.RMSNorm(8).bfloat16()(x16))  # both weights are still ones
     assert "ReLU2Function" not in type(act(x16).grad_fn).__name__
     assert torch.equal(act(x16), F.relu(x16).square())
+
+
+
+def run_with_kernels(data_dir, out, kernels, capsys, **settings):
+    import train
+    from train_helpers import losses_by_iter, tiny_args
+
+    settings = {"norm": "rmsnorm", "mlp": "relu2", "dropout": 0.0, **settings}
+    assert train.main(tiny_args(data_dir, out, cpu_kernels=kernels, **settings)) == 0
+    header = [line for line in capsys.readouterr().out.splitlines() if "| kernels " in line]
+    recorded = json.loads((out / "config.json").read_text())["cpu_kernels"]
+    return losses_by_iter(out), header, recorded
+
+
+def test_train_py_cpu_kernels_fused_and_model_give_the_same_losses_and_say_which_ran(tmp_path, capsys):
+    from train_helpers import write_char_dataset
+
+    write_char_dataset(tmp_path / "data")
+    hand, hand_header, hand_recorded = run_with_kernels(tmp_path / "data", tmp_path / "fused", "fused", capsys)
+    auto, auto_header, auto_recorded = run_with_kernels(tmp_path / "data", tmp_path / "model", "model", capsys)
+    assert hand_header == ["0.03M parameters | world size 1 | cpu float32 | compile False | "
+                           "kernels gptkit/fused.py (RMSNorm, ReLU² backward by hand)"]
+    assert auto_header == ["0.03M parameters | world size 1 | cpu float32 | compile False | kernels model.py"]
+    assert (hand_recorded, auto_recorded) == ("fused", "model")
+    assert hand.keys() == auto.keys() and len(hand) == 20
+    assert hand[0] == auto[0]  # the same forward, bit for bit
+    for it in hand:  # the gradients agree to rounding, and so do the losses after 20 steps
+        assert abs(hand[it] - auto[it]) <= 1e-4 * abs(auto[it]), (it, hand[it], auto[it])
+    # a model with neither module (LayerNorm, GELU) runs model.py whatever the setting, and says so
+    _, header, recorded = run_with_kernels(tmp_path / "data", tmp_path / "gpt2", "fused", capsys,
+                                           norm="layernorm", mlp="gelu", max_iters=2)
+    assert header[0].endswith("| kernels model.py") and recorded == "model"

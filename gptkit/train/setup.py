@@ -82,8 +82,8 @@ def start(model_cfg, cfg, dist, dev):
         for warning in optim.schedule_warnings(cfg):
             print(f"warning: {warning}")
     raw_model.to(dev.name)
-    if dev.type == "cpu" and dev.dtype == torch.float32:  # hand-written backward for RMSNorm, ReLU² (gptkit/fused.py)
-        fused.apply(raw_model)
+    if cfg.cpu_kernels == "fused" and dev.type == "cpu" and dev.dtype == torch.float32:
+        fused.apply(raw_model)  # RMSNorm and ReLU² with their backward written by hand
     if cfg.activation_checkpointing:
         fsdp.checkpoint_blocks(raw_model)
     return meta, raw_model, model_cfg, ckpt
