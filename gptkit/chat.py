@@ -1,0 +1,107 @@
+"""Chat conversations as tokens: the template, the target mask and the reader.
+
+A conversation is a list of messages `{"role": "system"|"user"|"assistant", "content": "..."}`.
+Each message becomes its role's turn token, its content encoded as plain text, and the
+end-of-turn token:
+
+    <|system|> You are terse. <|end|> <|user|> 2+2? <|end|> <|assistant|> 4 <|end|>
+
+The turn tokens are real ids, never strings: for GPT-2 BPE they are added after its
+50,257 ids (50257..50260), for our own BPE and characters after the vocabulary. Content
+is encoded as ordinary text, so a message that contains the text "<|user|>" stays text
+and cannot open a turn. The targets (mask 1) are an assistant's content and its <|end|>;
+everything else (the turn tokens, system and user content) is context (mask 0).
+
+    python prepare.py chat --input talks.jsonl --format chat
+"""
+
+import json
+from pathlib import Path
+
+from gptkit.errors import UserError
+
+ROLES = ("system", "user", "assistant")
+TURN_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+TEMPLATE = "gptkit-chat-1"
+
+
+def turn_ids(base_vocab_size):
+    """The ids of <|system|>, <|user|>, <|assistant|>, <|end|>: the first ids after the base vocabulary."""
+    return {name: base_vocab_size + i for i, name in enumerate(TURN_TOKENS)}
+
+
+def encode_conversation(messages, encode, base_vocab_size):
+    """(ids, mask) of one conversation: lists of equal length, mask 1 on the targets."""
+    ids_of = turn_ids(base_vocab_size)
+    ids, mask = [], []
+    for m in messages:
+        content = encode(m["content"])
+        target = 1 if m["role"] == "assistant" else 0
+        ids += [ids_of[f"<|{m['role']}|>"], *content, ids_of["<|end|>"]]
+        mask += [0, *[target] * len(content), target]
+    return ids, mask
+
+
+def prompt_ids(messages, encode, base_vocab_size):
+    """The tokens a model is given to write the next assistant turn: the history, then <|assistant|>."""
+    ids, _ = encode_conversation(messages, encode, base_vocab_size)
+    return ids + [turn_ids(base_vocab_size)["<|assistant|>"]]
+
+
+def check_conversation(record):
+    """The messages of one parsed jsonl line, or a UserError saying what is wrong with it."""
+    if not isinstance(record, dict) or not isinstance(record.get("messages"), list) or not record["messages"]:
+        raise UserError('no "messages" list (expected {"messages": [{"role": ..., "content": ...}]})')
+    for i, m in enumerate(record["messages"], 1):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            role = m.get("role") if isinstance(m, dict) else None
+            raise UserError(f"message {i} has unknown role {role!r} (expected one of {', '.join(ROLES)})")
+        if not isinstance(m.get("content"), str):
+            raise UserError(f"message {i} has no text content")
+        if m["role"] == "assistant" and not m["content"].strip():
+            raise UserError(f"message {i} is an empty assistant turn (it would have nothing to learn)")
+    if not any(m["role"] == "assistant" for m in record["messages"]):
+        raise UserError("no assistant turn (it would have nothing to learn)")
+    return record["messages"]
+
+
+def chat_files(path):
+    """The jsonl files of `path`: the file itself, or a folder's *.jsonl (Hugging Face style), sorted."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.jsonl") if p.is_file())
+        if not files:
+            raise UserError(f"{path} holds no .jsonl files of conversations")
+        return files
+    if not path.is_file():
+        raise UserError(f"{path} is not a file or folder")
+    return [path]
+
+
+def read_conversations(path, encode, base_vocab_size, block_size, errors="raise"):
+    """Every conversation under `path` as (ids, mask), and the number skipped.
+
+    A bad line (not JSON, no messages, an unknown role, an empty assistant turn, longer
+    than block_size + 1 tokens, which one window could not hold) is a UserError naming
+    its file and line, or skipped and counted with errors="skip"."""
+    conversations, skipped = [], 0
+    for file in chat_files(path):
+        with open(file, encoding="utf-8", errors="strict") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise UserError(f"not JSON ({e.msg})")
+                    ids, mask = encode_conversation(check_conversation(record), encode, base_vocab_size)
+                    if len(ids) > block_size + 1:
+                        raise UserError(f"{len(ids)} tokens, longer than block_size + 1 = {block_size + 1}")
+                except UserError as e:
+                    if errors == "skip":
+                        skipped += 1
+                        continue
+                    raise UserError(f"{file}:{number}: {e}") from None
+                conversations.append((ids, mask))
+    return conversations, skipped
