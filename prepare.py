@@ -4,6 +4,7 @@
     python prepare.py shakespeare              # Tiny Shakespeare, GPT-2 BPE (tiktoken)
     python prepare.py --input notes.txt books/ web.jsonl --tokenizer gpt2 --name mine
     python prepare.py --input books/ --tokenizer bpe --vocab_size 4096 --name books   # your own BPE
+    python prepare.py talks --input talks.jsonl --format chat  # conversations (docs/chat.md)
 
 What the files hold and how they are written: gptkit/prepare/build.py.
 """
@@ -92,11 +93,20 @@ def build_parser():
     parser.add_argument(
         "--errors",
         default="strict",
-        metavar="{strict,replace}",
-        help="invalid UTF-8: strict (stop, default) or replace (U+FFFD)",
+        metavar="{strict,replace,skip}",
+        help="invalid UTF-8: strict (stop, default) or replace (U+FFFD); --format chat: strict or skip (bad lines, counted)",
     )
     parser.add_argument(
         "--workers", type=int, default=None, metavar="N", help="tokenizer processes (default: all cores)"
+    )
+    parser.add_argument(
+        "--format", default="text", metavar="{text,chat}",
+        help="chat: --input is jsonl conversations ({\"messages\": [...]} a line) or a folder of them; "
+        "the dataset is named by NAME or --name, the tokenizer defaults to gpt2 (docs/chat.md)",
+    )
+    parser.add_argument(
+        "--block_size", type=int, default=None, metavar="N",
+        help="with --format chat: a conversation longer than N + 1 tokens is an error (or skipped with --errors skip)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
@@ -105,6 +115,12 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     progress = not args.quiet
+    if args.format not in ("text", "chat"):
+        raise UserError(f"--format must be text or chat, got {args.format!r}")
+    if args.format == "chat":
+        return prepare_chat_command(args, progress)
+    if args.block_size is not None:
+        raise UserError("--block_size goes with --format chat (a text dataset is cut into windows by train.py)")
     if args.dataset is not None:
         check_dataset_name(args.dataset)
         own = (args.tokenizer, args.name, args.val_fraction, args.vocab_size, args.tokenizer_from)
@@ -138,6 +154,28 @@ def main(argv=None):
         progress,
         vocab_size=args.vocab_size,
         tokenizer_from=args.tokenizer_from,
+    )
+    return 0
+
+
+def prepare_chat_command(args, progress):
+    from gptkit.prepare.chat import prepare_chat
+
+    if args.input is None:
+        raise UserError("--format chat needs --input FILE_OR_DIR (jsonl conversations, or a folder of them)")
+    if (args.dataset is None) == (args.name is None):
+        raise UserError("--format chat needs the dataset's name once: python prepare.py NAME --input FILE --format chat")
+    prepare_chat(
+        args.input,
+        args.tokenizer or "gpt2",
+        args.dataset or args.name,
+        args.data_dir,
+        0.1 if args.val_fraction is None else args.val_fraction,
+        args.errors,
+        args.block_size,
+        vocab_size=args.vocab_size,
+        tokenizer_from=args.tokenizer_from,
+        progress=progress,
     )
     return 0
 

@@ -30,6 +30,18 @@ def turn_ids(base_vocab_size):
     return {name: base_vocab_size + i for i, name in enumerate(TURN_TOKENS)}
 
 
+def check_chat_meta(meta, base_vocab_size, source):
+    """The number of turn tokens a chat meta.json (or checkpoint) adds to its tokenizer's
+    vocabulary, after checking its "chat" entry: a UserError naming `source` otherwise."""
+    chat = meta.get("chat")
+    if not isinstance(chat, dict) or chat.get("template") != TEMPLATE:
+        raise UserError(f"{source}: its \"chat\" entry is not this code's template {TEMPLATE}: run prepare.py again")
+    if chat.get("turn_ids") != turn_ids(base_vocab_size):
+        raise UserError(f"{source}: its turn ids {chat.get('turn_ids')} are not the {len(TURN_TOKENS)} ids after "
+                        f"its {base_vocab_size}-token vocabulary: run prepare.py again")
+    return len(TURN_TOKENS)
+
+
 def encode_conversation(messages, encode, base_vocab_size):
     """(ids, mask) of one conversation: lists of equal length, mask 1 on the targets."""
     ids_of = turn_ids(base_vocab_size)
@@ -78,30 +90,54 @@ def chat_files(path):
     return [path]
 
 
-def read_conversations(path, encode, base_vocab_size, block_size, errors="raise"):
-    """Every conversation under `path` as (ids, mask), and the number skipped.
+def read_messages(paths, errors="raise"):
+    """Every conversation's messages under `paths` (files or folders), as a list of
+    (where, messages) with where = "file:line", and the number of lines skipped.
 
-    A bad line (not JSON, no messages, an unknown role, an empty assistant turn, longer
-    than block_size + 1 tokens, which one window could not hold) is a UserError naming
-    its file and line, or skipped and counted with errors="skip"."""
-    conversations, skipped = [], 0
-    for file in chat_files(path):
-        with open(file, encoding="utf-8", errors="strict") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
+    A bad line (not JSON, no messages, an unknown role, an empty assistant turn) is a
+    UserError naming its file and line, or skipped and counted with errors="skip"."""
+    paths = [paths] if isinstance(paths, (str, Path)) else paths
+    records, skipped = [], 0
+    for file in [f for path in paths for f in chat_files(path)]:
+        try:
+            lines = file.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise UserError(f"{file}: not UTF-8 text ({e.reason} at byte {e.start})")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
                 try:
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise UserError(f"not JSON ({e.msg})")
-                    ids, mask = encode_conversation(check_conversation(record), encode, base_vocab_size)
-                    if len(ids) > block_size + 1:
-                        raise UserError(f"{len(ids)} tokens, longer than block_size + 1 = {block_size + 1}")
-                except UserError as e:
-                    if errors == "skip":
-                        skipped += 1
-                        continue
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise UserError(f"not JSON ({e.msg})")
+                records.append((f"{file}:{number}", check_conversation(record)))
+            except UserError as e:
+                if errors != "skip":
                     raise UserError(f"{file}:{number}: {e}") from None
-                conversations.append((ids, mask))
+                skipped += 1
+    return records, skipped
+
+
+def encode_records(records, encode, base_vocab_size, block_size=None, errors="raise"):
+    """(ids, mask) of each (where, messages) record, and how many were too long: with a
+    block_size, a conversation must fit one window of block_size + 1 tokens."""
+    conversations, skipped = [], 0
+    for where, messages in records:
+        ids, mask = encode_conversation(messages, encode, base_vocab_size)
+        if block_size is not None and len(ids) > block_size + 1:
+            if errors == "skip":
+                skipped += 1
+                continue
+            raise UserError(f"{where}: {len(ids)} tokens, longer than block_size + 1 = {block_size + 1} "
+                            "(use a larger --block_size, or --errors skip to leave such conversations out)")
+        conversations.append((ids, mask))
     return conversations, skipped
+
+
+def read_conversations(path, encode, base_vocab_size, block_size, errors="raise"):
+    """Every conversation under `path` as (ids, mask), and the number skipped (see
+    read_messages and encode_records for what is checked)."""
+    records, bad = read_messages(path, errors)
+    conversations, long = encode_records(records, encode, base_vocab_size, block_size, errors)
+    return conversations, bad + long

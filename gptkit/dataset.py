@@ -124,9 +124,23 @@ def load_meta(data_dir, name, block_size=None):
     for split in ("train", "val"):
         if meta["num_tokens"][split] * itemsize <= FULL_SCAN_BYTES:  # larger ones: each batch as it is read
             check_token_ids(folder / f"{split}.bin", meta["dtype"], meta["vocab_size"], name)
+    if "chat" in meta:
+        for split in ("train", "val"):
+            check_mask_file(folder, split, meta["num_tokens"][split], name)
     if block_size is not None:
         check_block_size(meta, block_size, folder)
     return meta
+
+
+def check_mask_file(folder, split, n_tokens, name):
+    """A chat split's target mask: one uint8 per token (gptkit/prepare/chat.py)."""
+    path = folder / f"{split}_mask.bin"
+    try:
+        size = regular_size(inside(folder, path.name, "the dataset file"), path)
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing: run {prepare_command(name)} again")
+    if size != n_tokens:
+        raise UserError(f"{path} holds {size} bytes but meta.json says {n_tokens} tokens: run {prepare_command(name)} again")
 
 
 def read_meta_file(folder, meta_path, fix):
@@ -145,6 +159,10 @@ def check_vocabulary(meta, meta_path):
     """The tokenizer meta.json describes (checked whole, whatever its pin says) must
     agree with vocab_size, and eot_id lie inside that vocabulary."""
     expected = check_description(meta["tokenizer"], meta_path)
+    if "chat" in meta:  # the four turn tokens follow the tokenizer's ids (gptkit/chat.py)
+        from gptkit.chat import check_chat_meta
+
+        expected += check_chat_meta(meta, expected, meta_path)
     if expected != meta["vocab_size"]:
         raise UserError(
             f"{meta_path}: vocab_size {meta['vocab_size']} disagrees with its {meta['tokenizer'].get('type')} tokenizer "
