@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from gptkit import chat_batches
 from gptkit import dataset
 from gptkit import lora
 from gptkit import scoring
@@ -322,12 +323,14 @@ def run(model_cfg, cfg, dist, start_time):
         write_text_atomic(out_dir / "config.json", json.dumps(settings, indent=2) + "\n")
     info = {"model_config": dataclasses.asdict(model_cfg), "tokenizer": meta["tokenizer"], "config": settings,
             "data_fingerprint": meta.get("fingerprint"), "dataset": cfg.dataset,
-            "provenance": provenance(dev.name) if dist.is_main else None}
+            "provenance": provenance(dev.name) if dist.is_main else None} | ({"chat": meta["chat"]} if "chat" in meta else {})
     saver = Checkpointer(out_dir, raw_model, optimizers, scaler, info, dist, dev.name, cfg.parallel,
                          resumed_at=state.iter_num if cfg.init_from == "resume" else None)
-    batches = dataset.Batches(cfg.data_dir, cfg.dataset, meta, model_cfg.block_size, dev.name,
-                              cfg.batch_size, cfg.gradient_accumulation_steps, cfg.seed)
-    plan = setup.eval_plan(cfg, meta, batches, dev, dist)
+    chat = "chat" in meta  # conversations: the loss of the assistant's tokens only (gptkit/chat_batches.py)
+    batches = (chat_batches.ChatBatches if chat else dataset.Batches)(
+        cfg.data_dir, cfg.dataset, meta, model_cfg.block_size, dev.name, cfg.batch_size, cfg.gradient_accumulation_steps, cfg.seed)
+    plan = (chat_batches.eval_plan if chat else setup.eval_plan)(cfg, meta, batches, dev, dist)
+    step_model = chat_batches.TargetOnlyLoss(model, batches) if chat else model
 
     stop = distributed.StopFlag().install()
     try:
@@ -336,7 +339,7 @@ def run(model_cfg, cfg, dist, start_time):
                 if state.iter_num >= cfg.max_iters and not cfg.eval_only:
                     saver.save_finished(state, cfg.always_save_checkpoint)  # before the last evaluation, which can fail
                 with log.clock.paused():  # train_cpu_s leaves evaluations out
-                    scores = evaluate(model, plan, stop, log.eval_progress(state.iter_num))
+                    scores = (chat_batches.evaluate if chat else evaluate)(model, plan, stop, log.eval_progress(state.iter_num))
                 if scores is None:  # a stop signal during the evaluation
                     return stopped(saver, state, log, stop, start_time, f"during the evaluation at iteration {state.iter_num}")
                 log.eval(scores, optim.lr_at(state.iter_num, cfg))
@@ -347,7 +350,7 @@ def run(model_cfg, cfg, dist, start_time):
                 break
             lr_scale = optim.lr_scale(state.iter_num, cfg)  # once per step: set, then logged
             with log.clock.step():
-                loss, grad_norm, stop_now = train_step(state.iter_num, model, raw_model, optimizers, scaler,
+                loss, grad_norm, stop_now = train_step(state.iter_num, step_model, raw_model, optimizers, scaler,
                                                        batches, cfg, dist, dev.autocast(), stop, lr_scale)
             log.train(loss, grad_norm, cfg.learning_rate * lr_scale)  # = optim.lr_at(state.iter_num, cfg)
             state.iter_num += 1

@@ -141,3 +141,30 @@ def read_conversations(path, encode, base_vocab_size, block_size, errors="raise"
     records, bad = read_messages(path, errors)
     conversations, long = encode_records(records, encode, base_vocab_size, block_size, errors)
     return conversations, bad + long
+
+
+def grow_vocabulary(model, vocab_size):
+    """Give a trained model rows for the turn tokens, ids past its vocabulary: each new
+    row of the token embedding (and of an untied output layer) is the mean of the
+    trained rows, an "average token" (Hewitt 2021, "Initializing new word embeddings
+    for pretrained language models"), so the new ids start with a probability near
+    the average and the old ids' predictions barely move. In place."""
+    import torch  # here: prepare.py reads this module and needs no torch
+
+    c = model.config
+    old = c.vocab_size
+    assert vocab_size >= old, f"cannot shrink a vocabulary of {old} to {vocab_size}"
+    c.vocab_size = vocab_size  # model.config is this model's own (crop_block_size edits it too)
+
+    def grown(weight):
+        rows = torch.empty(c.padded_vocab_size, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        rows[:old] = weight[:old]
+        rows[old:] = weight[:old].mean(dim=0)
+        return torch.nn.Parameter(rows)
+
+    head = grown(model.lm_head.weight.data)
+    model.lm_head.weight, model.lm_head.out_features = head, c.padded_vocab_size
+    wte = model.transformer.wte
+    wte.weight = head if c.tie_embeddings else grown(wte.weight.data)
+    wte.num_embeddings = c.padded_vocab_size
+    return model

@@ -1,11 +1,11 @@
-"""Packing keeps conversations whole; the target-only loss over micro-batches of different
-target counts is the global mean, computed here by hand."""
+"""Packing keeps conversations whole and fits them best (the exact target-only loss is
+tested with training, tests/train/test_chat_train.py)."""
 
 import math
 
-import torch
+import numpy as np
 
-from gptkit.chat_batches import global_target_count, pack_best_fit, target_loss_sum
+from gptkit.chat_batches import conversations_of, pack_best_fit
 
 
 def test_packing_keeps_conversations_whole_and_every_window_has_targets():
@@ -18,24 +18,14 @@ def test_packing_keeps_conversations_whole_and_every_window_has_targets():
     assert len(ids) // 10 == math.ceil(sum(len(c[0]) for c in convs) / 10)  # best fit: no window wasted here
 
 
-def test_two_micro_batches_with_different_target_counts_give_the_exact_global_mean():
-    torch.manual_seed(0)
-    V = 11
-    micro = []
-    for frac in (0.1, 0.8):  # few targets, then many
-        logits = torch.randn(2, 8, V)
-        targets = torch.randint(V, (2, 8))
-        mask = torch.rand(2, 8) < frac
-        mask[0, 0] = True
-        micro.append((logits, targets, mask))
-    count = global_target_count([m for _, _, m in micro])
-    loss = sum(target_loss_sum(l, t, m)[0] for l, t, m in micro) / count
-    by_hand = []
-    for l, t, m in micro:
-        for b in range(2):
-            for i in range(8):
-                if m[b, i]:
-                    by_hand.append(-torch.log_softmax(l[b, i], -1)[t[b, i]].item())
-    assert abs(loss.item() - sum(by_hand) / len(by_hand)) < 1e-6
-    mean_of_means = sum(target_loss_sum(l, t, m)[0] / m.sum() for l, t, m in micro) / 2
-    assert abs(mean_of_means.item() - loss.item()) > 1e-3  # the shortcut would be wrong here
+def test_best_fit_takes_the_window_with_least_room_that_holds_it():
+    convs = [([n] * n, [1] * n) for n in (6, 5, 4, 3)]  # windows of 8: 6 | 5 then 3 fits the 5's (room 3) | 4
+    ids, mask = pack_best_fit(convs, 8, pad_id=0)
+    assert ids == [6] * 6 + [0, 0] + [5] * 5 + [3] * 3 + [4] * 4 + [0] * 4
+    assert mask == [1] * 6 + [0, 0] + [1] * 8 + [1] * 4 + [0] * 4
+
+
+def test_a_bin_is_cut_back_into_its_conversations_at_the_start_marks():
+    ids = np.array([9, 1, 2, 9, 3, 4, 5])
+    mask = np.array([2, 0, 1, 2, 0, 1, 1], dtype=np.uint8)
+    assert conversations_of(ids, mask) == [([9, 1, 2], [0, 0, 1]), ([9, 3, 4, 5], [0, 0, 1, 1])]

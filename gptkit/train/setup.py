@@ -27,6 +27,7 @@ from gptkit import faults
 from gptkit import fused
 from gptkit import lora
 from gptkit import scoring
+from gptkit.chat import grow_vocabulary
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.device import enable_tf32, resolve_device, training_dtype
 from gptkit.errors import UserError, first_line
@@ -235,6 +236,12 @@ def init_model(model_cfg, cfg, meta, out_dir):
                 f"{cfg.dataset} has a {describe_vocab(meta['tokenizer'], meta['vocab_size'])} one: prepare it with --tokenizer gpt2"
             )
         model, tokenizer = load_base(init_from, dropout=model_cfg.dropout)
+        if "chat" in meta and model.config.vocab_size == meta["chat"]["turn_ids"]["<|system|>"]:
+            if cfg.lora_rank:
+                raise UserError(
+                    f"{cfg.init_from} has no turn tokens yet, and LoRA would keep their new embedding rows frozen: "
+                    "fine-tune every weight on the chat dataset (lora_rank=0), or apply LoRA to a model already chat-trained")
+            grow_vocabulary(model, meta["vocab_size"])  # room for the 4 turn tokens
         if ours is not None and (tokenizer != tokenizer_from_dict(meta["tokenizer"]).to_dict() or model.config.vocab_size != meta["vocab_size"]):
             raise UserError(
                 f"vocabulary mismatch: {init_from} was trained with a {describe_vocab(tokenizer, model.config.vocab_size)} "
