@@ -228,6 +228,8 @@ def score_split(candidate, data_dir, name, split, settings):
             f"{candidate.name} uses a {candidate.tokenizer_name} tokenizer but dataset {name} was prepared with "
             f"{meta['tokenizer'].get('type')} ({meta['vocab_size']:,}): score it with --input on the raw text instead"
         )
+    if "chat" in meta:
+        return score_chat_split(candidate, data_dir, name, split, meta, settings)
     tokens = dataset.TokenBin(dataset.dataset_dir(data_dir, name) / f"{split}.bin", meta["dtype"])
     try:
         n = tokens.n_tokens if settings.max_tokens is None else min(tokens.n_tokens, settings.max_tokens)
@@ -235,6 +237,31 @@ def score_split(candidate, data_dir, name, split, settings):
                                f"{name}/{split}.bin")
     finally:
         tokens.close()
+
+
+def score_chat_split(candidate, data_dir, name, split, meta, settings):
+    """A chat split's assistant tokens only, in the windows train.py packs (gptkit/chat_batches.py):
+    its eval_iters=0 val loss, and bits per byte of the replies' text."""
+    from gptkit.chat_batches import ChatBatches, chat_byte_lengths
+
+    if candidate.model.config.vocab_size != meta["vocab_size"]:
+        raise UserError(
+            f"{candidate.name} has {candidate.model.config.vocab_size:,} token ids, but chat dataset {name} has "
+            f"{meta['vocab_size']:,} with its turn tokens: fine-tune it on the chat data first (train.py --dataset {name})"
+        )
+    T = candidate.block_size
+    batches = ChatBatches(data_dir, name, meta, T, settings.device)
+    rows = list(range(batches.n_windows(split)))
+    if settings.max_tokens is not None:
+        rows = rows[: max(1, settings.max_tokens // (T + 1))]
+    byte_lengths = chat_byte_lengths(scoring.byte_lengths_tensor(candidate.tokenizer, settings.device))
+    total = scoring.accumulator(settings.device)
+    with torch.no_grad():
+        for i in range(0, len(rows), settings.batch_size):
+            x, y = batches.get(split, rows[i : i + settings.batch_size])
+            with settings.autocast:
+                total += scoring.score_batch(candidate.model, x, y, byte_lengths).to(total.dtype)
+    return scoring.Score.from_tensor(total)
 
 
 def evaluate_candidate(candidate, settings, texts=None, split=None, hellaswag_items=None):

@@ -1,0 +1,88 @@
+"""sample.py --chat and eval.py on a chat model: trained on noise with one constant reply, it
+answers a new noisy message with exactly that reply; eval.py's target-only loss is train.py's."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+from repo import REPO
+from train_helpers import read_metrics, tiny_args
+
+import train
+from gptkit.chat import prompt_ids, turn_ids
+from gptkit.chat_session import Session
+from gptkit.errors import UserError
+from gptkit.prepare.chat import prepare_chat
+from gptkit.tokenizer import CharTokenizer
+from model import GPT, GPTConfig
+
+REPLY = "I hear you."
+LETTERS = "abcdefghijklmnopqrstuvwxyz "
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(data_dir, out_dir) of a model trained on noisy user turns and one constant reply."""
+    tmp = tmp_path_factory.mktemp("chat")
+    r = random.Random(0)
+    lines = []
+    for _ in range(200):
+        noise = "".join(r.choice(LETTERS) for _ in range(r.randint(5, 20)))
+        lines.append(json.dumps({"messages": [{"role": "user", "content": noise}, {"role": "assistant", "content": REPLY}]}))
+    (tmp / "noise.jsonl").write_text("\n".join(lines) + "\n")
+    prepare_chat([tmp / "noise.jsonl"], "char", "noise", tmp / "data", progress=False)
+    out = tmp / "out"
+    args = tiny_args(tmp / "data", out, dataset="noise", block_size=48, batch_size=8, dropout=0.0, n_embd=48,
+                     learning_rate=1e-2, min_lr=3e-4, max_iters=60, lr_decay_iters=60, eval_interval=60, eval_iters=0)
+    assert train.main(args) == 0
+    return tmp / "data", out
+
+
+def run(script, *args, stdin=""):
+    return subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO, input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_chat_answers_a_new_noisy_message_with_exactly_the_reply(trained):
+    _, out = trained
+    r = run("sample.py", f"--out_dir={out}", "--chat", "--temperature=0", stdin="qzx wvut plmokn\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == REPLY + "\n"
+    r = run("sample.py", f"--out_dir={out}", "--chat", "--seed=5", "--top_k=5", stdin="\nhjkl asdf\n")
+    assert r.returncode == 0 and r.stdout == REPLY + "\n"  # sampled, as confident; the empty line is skipped
+
+
+def test_chat_mistakes_are_one_line_and_exit_2(trained, tmp_path):
+    _, out = trained
+    r = run("sample.py", f"--out_dir={out}", "--chat", stdin="NOT IN THE VOCABULARY\n")
+    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("error: the text has") and "Traceback" not in r.stderr
+    r = run("sample.py", f"--out_dir={out}", "--chat", "--start=hi")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "leave out start" in r.stderr
+
+
+def test_eval_reports_the_target_only_loss_train_reported(trained):
+    data, out = trained
+    r = run("eval.py", str(out / "ckpt.pt"), f"--data_dir={data}", "--dataset=noise", "--json=-", "--no_progress")
+    assert r.returncode == 0, r.stderr
+    (result,) = json.loads(r.stdout)["models"]
+    assert result["loss"] == pytest.approx(read_metrics(out, "eval")[-1]["val_loss"], abs=1e-5)
+    assert result["bytes"] == 20 * (len(REPLY))  # 20 val replies' text; <|end|> decodes to no bytes
+    assert result["bpb"] == pytest.approx(result["loss"] * result["tokens"] / (result["bytes"] * 0.6931471805599453))
+
+
+def test_history_drops_the_oldest_turns_to_leave_room_for_a_reply():
+    tok = CharTokenizer(sorted(set(LETTERS)))
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=46, vocab_size=tok.vocab_size + 4))
+    s = Session(model, tok, system="ab")
+    s.history = [{"role": "user", "content": "c" * 8}, {"role": "assistant", "content": "d" * 8},
+                 {"role": "user", "content": "e" * 8}, {"role": "assistant", "content": "f" * 8},
+                 {"role": "user", "content": "g" * 8}]
+    ids = s.prompt(room=10)  # system 4 + 5 turns x 10 + <|assistant|> = 55: too long; without the first exchange 35
+    assert [m["content"][0] for m in s.history] == ["e", "f", "g"]
+    assert ids == prompt_ids(s.messages(), tok.encode, tok.vocab_size) and ids[:4] == [turn_ids(tok.vocab_size)["<|system|>"], *tok.encode("ab"), turn_ids(tok.vocab_size)["<|end|>"]]
+    assert len(ids) == 35
+    with pytest.raises(UserError, match="not chat-trained"):
+        Session(GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=tok.vocab_size)), tok)
