@@ -25,6 +25,25 @@ TURN_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 TEMPLATE = "gptkit-chat-1"
 
 
+# The template as Jinja, for exports (transformers' apply_chat_template, llama.cpp's
+# tokenizer.chat_template): the turn tokens' text around each message's content, and
+# <|assistant|> to ask for a reply. Both tokenize its text with the turn tokens as
+# special tokens, which gives exactly encode_conversation's / prompt_ids's ids; unlike
+# ours, they would also read a marker typed inside a message as a turn (docs/chat.md).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def chat_vocabulary(model_vocab_size, base_vocab_size):
+    """The turn ids of a chat model, whose vocabulary is its tokenizer's and then the
+    turn tokens (what train.py makes of a chat dataset); None for any other model."""
+    return turn_ids(base_vocab_size) if model_vocab_size == base_vocab_size + len(TURN_TOKENS) else None
+
+
 def turn_ids(base_vocab_size):
     """The ids of <|system|>, <|user|>, <|assistant|>, <|end|>: the first ids after the base vocabulary."""
     return {name: base_vocab_size + i for i, name in enumerate(TURN_TOKENS)}

@@ -86,3 +86,24 @@ def test_history_drops_the_oldest_turns_to_leave_room_for_a_reply():
     assert len(ids) == 35
     with pytest.raises(UserError, match="not chat-trained"):
         Session(GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=tok.vocab_size)), tok)
+
+
+def test_the_exported_model_answers_the_same_in_transformers_and_llama_cpp(trained, tmp_path):
+    import convert
+
+    _, out = trained
+    assert convert.main([str(out), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    messages = [{"role": "user", "content": "zzq plo wer"}]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = torch.tensor([list(ids["input_ids"] if hasattr(ids, "keys") else ids)])
+    end = tok.convert_tokens_to_ids("<|end|>")
+    new = hf.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=end, pad_token_id=end)[0, ids.shape[1]:]
+    assert tok.decode(new, skip_special_tokens=True) == REPLY and new[-1] == end
+    llama_cpp = pytest.importorskip("llama_cpp")
+    assert convert.main([str(out), str(tmp_path / "chat.gguf"), "--to", "gguf", "--outtype", "f32"]) == 0
+    llm = llama_cpp.Llama(model_path=str(tmp_path / "chat.gguf"), n_ctx=64, verbose=False)
+    answer = llm.create_chat_completion(messages=messages, temperature=0, max_tokens=20)["choices"][0]["message"]
+    assert answer == {"role": "assistant", "content": REPLY}

@@ -19,6 +19,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from gptkit.atomic import atomic_write
+from gptkit.chat import chat_vocabulary
 from gptkit.errors import RunFailed, UserError
 from gptkit.interop.hf_gpt2 import export_gpt2, gpt2_mismatches
 from gptkit.interop.hf_llama import export_llama, llama_mismatches
@@ -60,7 +61,8 @@ def export_hf(source, dest, data_dir="data"):
     # A new folder: published only if nothing appeared there meanwhile (gptkit/atomic.py).
     try:
         with atomic_write(dest, replace=False, folder=True) as tmp:
-            eot = write_tokenizer(tokenizer.to_dict(), tmp, model.config.block_size)
+            turns = chat_vocabulary(model.config.vocab_size, tokenizer.vocab_size)  # a chat model's turn tokens
+            eot = write_tokenizer(tokenizer.to_dict(), tmp, model.config.block_size, turns)
             if architecture == "gpt2":
                 export_gpt2(model, tmp)
             else:
