@@ -60,7 +60,8 @@ def build_parser():
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("dataset", nargs="?", help=f"a named dataset: {', '.join(NAMED_DATASETS)}")
+    parser.add_argument("dataset", nargs="?", help=f"a named dataset: {', '.join(NAMED_DATASETS)}; "
+                        "with --format chat, the name of yours")
     parser.add_argument(
         "--input", nargs="+", metavar="PATH",
         help="text file(s), folder(s) of .txt, .jsonl file(s), a pipe or <(command), or - for standard input",
@@ -136,7 +137,7 @@ def main(argv=None):
         return 0
     if args.input is None:
         raise UserError(
-            "nothing to prepare: give a dataset name (shakespeare_char, shakespeare) or "
+            "nothing to prepare: give a dataset name (shakespeare_char, shakespeare, arithmetic_chat) or "
             "--input PATH --tokenizer {char,gpt2,bpe} --name NAME (see python prepare.py --help)"
         )
     if args.tokenizer is None:

@@ -28,7 +28,7 @@ from gptkit.untrusted import inside, read_regular, regular_size
 
 FORMAT_VERSION = 1
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
-AUTO_PREPARED = ("shakespeare_char", "shakespeare")  # names prepare.py can build by itself
+AUTO_PREPARED = ("shakespeare_char", "shakespeare", "arithmetic_chat")  # names prepare.py can build by itself
 EVAL_STREAM = 0xE7A1  # separates the evaluation windows' random stream from training's
 MAX_META_BYTES = 64 << 20  # meta.json: a character vocabulary and the list of sources
 FULL_SCAN_BYTES = 1 << 30  # bins up to 1 GiB are checked whole at start-up (~0.1 s per 100 MB)

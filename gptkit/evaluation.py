@@ -74,6 +74,7 @@ class Result:
     score: scoring.Score | None = None
     seconds: float | None = None
     hellaswag: dict | None = None
+    exact_match: tuple | None = None  # (replies written exactly, replies) of a chat split
     notes: list = field(default_factory=list)
 
     def to_dict(self):
@@ -84,6 +85,9 @@ class Result:
                        tokens_per_s=s.tokens / self.seconds if self.seconds else None)
         if self.hellaswag is not None:
             out["hellaswag"] = {k: v for k, v in self.hellaswag.items() if k != "predictions"}
+        if self.exact_match is not None:
+            exact, total = self.exact_match
+            out["exact_match"] = {"exact": exact, "replies": total, "rate": exact / total if total else None}
         return out
 
 
@@ -264,11 +268,50 @@ def score_chat_split(candidate, data_dir, name, split, meta, settings):
     return scoring.Score.from_tensor(total)
 
 
-def evaluate_candidate(candidate, settings, texts=None, split=None, hellaswag_items=None):
+def chat_exact_match(candidate, data_dir, name, split, settings):
+    """(exact, total): the assistant turns of a chat split that the model writes exactly
+    (content and <|end|>), greedily, given the conversation before each of them."""
+    from gptkit.chat_batches import conversations_of
+    from gptkit.generate import generate_stream
+
+    meta = dataset.load_meta(data_dir, name)
+    if "chat" not in meta:
+        raise UserError(f"--exact_match scores the replies of a chat dataset; {name} is plain text")
+    if candidate.model.config.vocab_size != meta["vocab_size"] or meta["tokenizer"] != candidate.tokenizer.to_dict():
+        raise UserError(f"{candidate.name} was not trained on chat dataset {name}'s vocabulary: fine-tune it there first")
+    folder = dataset.dataset_dir(data_dir, name)
+    ids = np.fromfile(folder / f"{split}.bin", dtype=meta["dtype"])
+    mask = np.fromfile(folder / f"{split}_mask.bin", dtype=np.uint8)
+    turns = meta["chat"]["turn_ids"]
+    replies = {}  # prompt length -> [(prompt, reference reply with its <|end|>)]
+    for conv, _ in conversations_of(ids, mask):
+        for p, token in enumerate(conv):
+            if token == turns["<|assistant|>"]:
+                end = conv.index(turns["<|end|>"], p)
+                replies.setdefault(p + 1, []).append((conv[: p + 1], conv[p + 1 : end + 1]))
+    exact = total = 0
+    stops = list(turns.values())
+    model = candidate.model
+    for group in replies.values():  # prompts of one length go together, as one batch
+        for i in range(0, len(group), settings.batch_size):
+            chunk = group[i : i + settings.batch_size]
+            idx = torch.tensor([prompt for prompt, _ in chunk], device=settings.device)
+            longest = max(len(reference) for _, reference in chunk)
+            with settings.autocast:
+                steps = torch.stack(list(generate_stream(model, idx, longest, temperature=0, stop_tokens=stops)), 1)
+            for (_, reference), row in zip(chunk, steps.tolist()):
+                exact += row[: len(reference)] == reference
+                total += 1
+    return exact, total
+
+
+def evaluate_candidate(candidate, settings, texts=None, split=None, hellaswag_items=None, exact_match=False):
     """Move the model to the device, score what was asked, and free it again: a Result."""
     result = Result(candidate.name, candidate.model.num_params(), candidate.tokenizer_name, candidate.tokens_seen)
     model = candidate.model.to(settings.device)
     try:
+        if exact_match:
+            result.exact_match = chat_exact_match(candidate, *split, settings)
         if texts is not None or split is not None:
             t0 = time.perf_counter()
             if texts is not None:

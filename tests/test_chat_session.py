@@ -107,3 +107,20 @@ def test_the_exported_model_answers_the_same_in_transformers_and_llama_cpp(train
     llm = llama_cpp.Llama(model_path=str(tmp_path / "chat.gguf"), n_ctx=64, verbose=False)
     answer = llm.create_chat_completion(messages=messages, temperature=0, max_tokens=20)["choices"][0]["message"]
     assert answer == {"role": "assistant", "content": REPLY}
+
+
+def test_exact_match_counts_the_replies_written_exactly(trained, tmp_path):
+    data, out = trained
+    r = run("eval.py", str(out), f"--data_dir={data}", "--dataset=noise", "--exact_match", "--json=-", "--no_progress")
+    assert r.returncode == 0, r.stderr
+    (result,) = json.loads(r.stdout)["models"]
+    assert result["exact_match"] == {"exact": 20, "replies": 20, "rate": 1.0}
+    untrained = tmp_path / "untrained"  # the same shape at initialisation writes no reply exactly
+    from gptkit.checkpoint import load_checkpoint
+    from train_helpers import write_run
+
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    torch.manual_seed(0)
+    write_run(untrained, GPT(GPTConfig(**ckpt["model_config"])), ckpt["tokenizer"])
+    r = run("eval.py", str(untrained), f"--data_dir={data}", "--dataset=noise", "--exact_match", "--no_progress")
+    assert r.returncode == 0 and "exact match, untrained: 0 of 20 replies (0.0%)" in r.stdout

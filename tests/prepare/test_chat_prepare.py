@@ -94,3 +94,24 @@ def test_a_folder_of_jsonl_files_is_read_in_order(tmp_path):
                 "--data_dir", str(tmp_path / "data"))
     assert r.returncode == 0, r.stderr
     assert load_meta(tmp_path / "data", "talks")["chat"]["conversations"] == {"train": 9, "val": 1}
+
+
+def test_arithmetic_chat_holds_out_its_val_sums_from_training(tmp_path):
+    from gptkit.prepare.build import prepare_named_dataset
+    from gptkit.prepare.chat import split_conversations
+
+    from gptkit.prepare.arithmetic import arithmetic_conversations
+
+    conversations = arithmetic_conversations(2000)
+    val = split_conversations(2000, 0.1)
+    questions = [{m["content"] for m in c["messages"] if m["role"] == "user"} for c in conversations]
+    held = set().union(*(questions[i] for i in val))
+    seen = set().union(*(q for i, q in enumerate(questions) if i not in val))
+    assert held and not held & seen
+    for c in conversations:
+        for q, a in zip(c["messages"][::2], c["messages"][1::2]):
+            x, y = q["content"].removeprefix("What is ").removesuffix("?").split("+")
+            assert a["content"] == str(int(x) + int(y))
+    prepare_named_dataset("arithmetic_chat", tmp_path / "data", progress=False)
+    meta = load_meta(tmp_path / "data", "arithmetic_chat")
+    assert meta["chat"]["conversations"] == {"train": 18_000, "val": 2_000}
