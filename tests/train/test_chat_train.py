@@ -137,6 +137,10 @@ def test_fine_tuning_one_of_our_checkpoints_grows_it_by_the_turn_tokens(chat_dat
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert ckpt["model_config"]["vocab_size"] == meta["vocab_size"] and ckpt["chat"]["turn_ids"] == meta["chat"]["turn_ids"]
     assert ckpt["model"]["transformer.wte.weight"].shape[0] >= meta["vocab_size"]
+    # LoRA on the chat-trained checkpoint: its turn tokens exist now, only adapters train
+    lora_out = tmp_path / "lora"
+    assert train.main(chat_args(chat_data, lora_out, init_from=str(out / "ckpt.pt"), max_iters=2, lora_rank=2)) == 0
+    assert load_checkpoint(lora_out / "ckpt.pt")["lora"]["rank"] == 2
 
 
 def test_a_hugging_face_gpt2_folder_grows_by_the_turn_tokens_and_lora_is_refused(tmp_path, tiktoken_available):
@@ -153,3 +157,23 @@ def test_a_hugging_face_gpt2_folder_grows_by_the_turn_tokens_and_lora_is_refused
     assert ckpt["model_config"]["vocab_size"] == 50261 and ckpt["model"]["lm_head.weight"].shape[0] >= 50261
     with pytest.raises(Exception, match="has no turn tokens yet, and LoRA"):
         train.main(chat_args(tmp_path / "data", tmp_path / "lora", lora_rank=2, **args))
+
+
+def test_two_gloo_ranks_equal_one_process_on_chat_data(chat_data, tmp_path):
+    """Ranks hold micro-batches of different target counts: the exact global mean still
+    comes out the same as one process's (dropout 0, as for text)."""
+    from train_helpers import run_torchrun
+
+    args = dict(max_iters=6, eval_interval=3, gradient_accumulation_steps=4)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert train.main(chat_args(chat_data, tmp_path / "one", **args)) == 0
+    finally:
+        torch.set_num_threads(threads)
+    result = run_torchrun(chat_args(chat_data, tmp_path / "two", **args), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    a, b = losses_by_iter(tmp_path / "one"), losses_by_iter(tmp_path / "two")
+    assert sorted(a) == sorted(b) == list(range(6)) and max(abs(a[i] - b[i]) for i in a) < 1e-5, (a, b)
+    va = [e["val_loss"] for e in read_metrics(tmp_path / "one", "eval")]
+    assert va == pytest.approx([e["val_loss"] for e in read_metrics(tmp_path / "two", "eval")], abs=1e-5)
