@@ -177,3 +177,12 @@ def test_two_gloo_ranks_equal_one_process_on_chat_data(chat_data, tmp_path):
     assert sorted(a) == sorted(b) == list(range(6)) and max(abs(a[i] - b[i]) for i in a) < 1e-5, (a, b)
     va = [e["val_loss"] for e in read_metrics(tmp_path / "one", "eval")]
     assert va == pytest.approx([e["val_loss"] for e in read_metrics(tmp_path / "two", "eval")], abs=1e-5)
+
+
+def test_a_chat_split_shorter_than_one_window_still_trains(tmp_path):
+    """Conversations are padded into whole windows: a val split of one short conversation is enough."""
+    path = tmp_path / "few.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in noisy_conversations(4)))
+    prepare_chat([path], "char", "noise", tmp_path / "data", val_fraction=0.25, progress=False)
+    assert load_meta(tmp_path / "data", "noise")["num_tokens"]["val"] < 49
+    assert train.main(chat_args(tmp_path / "data", tmp_path / "out", max_iters=2, eval_interval=2)) == 0
