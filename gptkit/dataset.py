@@ -135,12 +135,16 @@ def load_meta(data_dir, name, block_size=None):
 def check_mask_file(folder, split, n_tokens, name):
     """A chat split's target mask: one uint8 per token (gptkit/prepare/chat.py)."""
     path = folder / f"{split}_mask.bin"
+    again = "python prepare.py arithmetic_chat" if name == "arithmetic_chat" else f"python prepare.py {name} --input FILE --format chat"
     try:
         size = regular_size(inside(folder, path.name, "the dataset file"), path)
     except FileNotFoundError:
-        raise UserError(f"{path} is missing: run {prepare_command(name)} again")
+        raise UserError(f"{path} is missing: run {again} again")
     if size != n_tokens:
-        raise UserError(f"{path} holds {size} bytes but meta.json says {n_tokens} tokens: run {prepare_command(name)} again")
+        raise UserError(f"{path} holds {size} bytes but meta.json says {n_tokens} tokens: run {again} again")
+    mask = np.fromfile(path, dtype=np.uint8)
+    if mask.size and (int(mask.max()) > 2 or mask[0] != 2):
+        raise UserError(f"{path} is not a target mask (values 0, 1, 2, starting with 2): run {again} again")
 
 
 def read_meta_file(folder, meta_path, fix):

@@ -115,3 +115,18 @@ def test_arithmetic_chat_holds_out_its_val_sums_from_training(tmp_path):
     prepare_named_dataset("arithmetic_chat", tmp_path / "data", progress=False)
     meta = load_meta(tmp_path / "data", "arithmetic_chat")
     assert meta["chat"]["conversations"] == {"train": 18_000, "val": 2_000}
+
+
+def test_a_damaged_or_missing_mask_is_named(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [conversation(i) for i in range(10)])
+    r = prepare("talks", "--input", str(path), "--format", "chat", "--tokenizer", "char", "--data_dir", str(tmp_path / "data"))
+    assert r.returncode == 0, r.stderr
+    mask = tmp_path / "data" / "talks" / "val_mask.bin"
+    data = bytearray(mask.read_bytes())
+    data[3] = 7
+    mask.write_bytes(bytes(data))
+    with pytest.raises(Exception, match="val_mask.bin is not a target mask"):
+        load_meta(tmp_path / "data", "talks")
+    mask.unlink()
+    with pytest.raises(Exception, match="val_mask.bin is missing: run python prepare.py talks --input FILE --format chat"):
+        load_meta(tmp_path / "data", "talks")
