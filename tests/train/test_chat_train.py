@@ -186,3 +186,18 @@ def test_a_chat_split_shorter_than_one_window_still_trains(tmp_path):
     prepare_chat([path], "char", "noise", tmp_path / "data", val_fraction=0.25, progress=False)
     assert load_meta(tmp_path / "data", "noise")["num_tokens"]["val"] < 49
     assert train.main(chat_args(tmp_path / "data", tmp_path / "out", max_iters=2, eval_interval=2)) == 0
+
+
+def test_three_fsdp_ranks_equal_one_process_on_chat_data(chat_data, tmp_path):
+    """FSDP's forward passes are collectives: the chat evaluation's batches, which do not
+    divide among 3 ranks, still finish, with one process's losses."""
+    from train_helpers import run_torchrun
+
+    args = dict(max_iters=3, eval_interval=3, gradient_accumulation_steps=3)
+    assert train.main(chat_args(chat_data, tmp_path / "one", **args)) == 0
+    result = run_torchrun(chat_args(chat_data, tmp_path / "fsdp", parallel="fsdp", **args), nproc=3, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    a, b = losses_by_iter(tmp_path / "one"), losses_by_iter(tmp_path / "fsdp")
+    assert sorted(a) == sorted(b) == list(range(3)) and max(abs(a[i] - b[i]) for i in a) < 1e-5, (a, b)
+    va = [e["val_loss"] for e in read_metrics(tmp_path / "one", "eval")]
+    assert va == pytest.approx([e["val_loss"] for e in read_metrics(tmp_path / "fsdp", "eval")], abs=1e-5)
