@@ -124,3 +124,35 @@ def test_exact_match_counts_the_replies_written_exactly(trained, tmp_path):
     write_run(untrained, GPT(GPTConfig(**ckpt["model_config"])), ckpt["tokenizer"])
     r = run("eval.py", str(untrained), f"--data_dir={data}", "--dataset=noise", "--exact_match", "--no_progress")
     assert r.returncode == 0 and "exact match, untrained: 0 of 20 replies (0.0%)" in r.stdout
+
+
+def test_in_a_terminal_it_prompts_streams_the_reply_and_ctrl_d_leaves(trained):
+    import os
+    import pty
+    import select
+    import time
+
+    _, out = trained
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: sample.py on the terminal's other end
+        os.chdir(REPO)
+        os.execv(sys.executable, [sys.executable, "sample.py", f"--out_dir={out}", "--chat", "--temperature=0"])
+    seen = b""
+
+    def read_until(text, timeout=60):
+        nonlocal seen
+        deadline = time.time() + timeout
+        while text not in seen and time.time() < deadline:
+            if select.select([fd], [], [], 0.1)[0]:
+                try:
+                    seen += os.read(fd, 1000)
+                except OSError:
+                    return
+
+    read_until(b"> ")
+    os.write(fd, b"qwer asdf\n")
+    read_until(REPLY.encode() + b"\r\n> ")
+    os.write(fd, b"\x04")  # Ctrl-D
+    _, status = os.waitpid(pid, 0)
+    text = seen.decode().replace("\r\n", "\n")
+    assert "Ctrl-D leaves\n> qwer asdf\nI hear you.\n> " in text and os.WEXITSTATUS(status) == 0
