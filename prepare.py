@@ -30,6 +30,9 @@ examples:
   python prepare.py --input books/ --tokenizer bpe --vocab_size 4096 --name books
       a 4,096-token byte-level BPE trained on the training split of books/ -> data/books
       (with data/books/tokenizer.json); --tokenizer_from data/books reuses it for other text
+  python prepare.py talks --input talks.jsonl --format chat [--tokenizer char|gpt2|bpe] [--block_size N]
+      conversations, one {"messages": [...]} a line (or a folder of such files) -> data/talks
+      with a target mask per split (docs/chat.md); python prepare.py arithmetic_chat makes some
 
 inputs: a text file is one document; a folder is every .txt file below it (sorted), one
 document each; a .jsonl file is one document per line, in its "text" field; - (standard
