@@ -12,7 +12,8 @@ What the files hold and how they are written: gptkit/prepare/build.py.
 import argparse
 
 from gptkit.errors import ArgumentParser, UserError, run_main
-from gptkit.prepare.build import NAMED_DATASETS, check_dataset_name, prepare_dataset, prepare_named_dataset
+from gptkit.prepare.build import NAMED_DATASETS, check_dataset_name, prepare_dataset
+from gptkit.prepare.named import prepare_named
 from gptkit.prepare.shakespeare import SHAKESPEARE_URL
 
 
@@ -136,7 +137,7 @@ def main(argv=None):
         if args.input is not None and len(args.input) != 1:
             raise UserError(f"{args.dataset} takes one --input file (a copy of Tiny Shakespeare)")
         input_path = args.input[0] if args.input else None
-        prepare_named_dataset(args.dataset, args.data_dir, input_path, workers=args.workers, progress=progress)
+        prepare_named(args.dataset, args.data_dir, input_path, workers=args.workers, progress=progress)
         return 0
     if args.input is None:
         raise UserError(

@@ -52,10 +52,10 @@ def ensure_dataset(data_dir, name):
     folder = dataset_dir(data_dir, name)
     if (folder / "meta.json").is_file() or name not in AUTO_PREPARED:
         return False
-    from gptkit.prepare import build  # only needed in this rare case; keeps start-up light
+    from gptkit.prepare.named import prepare_named  # only needed in this rare case; keeps start-up light
 
     print(f"dataset {folder} is missing: preparing it now (python prepare.py {name})")
-    build.prepare_named_dataset(name, out_dir=str(data_dir))
+    prepare_named(name, out_dir=str(data_dir))
     return True
 
 

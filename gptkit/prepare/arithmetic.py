@@ -12,8 +12,11 @@ rate on the val split measures sums the model has never seen answered.
 
 import json
 import random
+from pathlib import Path
 
-from gptkit.prepare.chat import split_conversations
+from gptkit.errors import UserError
+from gptkit.paths import claim_output
+from gptkit.prepare.chat import prepare_chat, split_conversations
 
 N_CONVERSATIONS = 20_000
 VAL_FRACTION = 0.1
@@ -46,3 +49,14 @@ def write_arithmetic_jsonl(path, n=N_CONVERSATIONS):
         for conversation in arithmetic_conversations(n):
             f.write(json.dumps(conversation) + "\n")
     return path
+
+
+def prepare_arithmetic_chat(out_dir="data", input_path=None, progress=True):
+    """data/arithmetic_chat: the conversations written to conversations.jsonl there, then
+    prepared as any chat input (character-level); returns the folder."""
+    if input_path is not None:
+        raise UserError("arithmetic_chat is generated here: it takes no --input")
+    folder = claim_output(Path(out_dir) / "arithmetic_chat", "folder", overwrite=True, what="the dataset folder (--data_dir)")
+    folder.mkdir(parents=True, exist_ok=True)
+    source = write_arithmetic_jsonl(folder / "conversations.jsonl")
+    return prepare_chat([source], "char", "arithmetic_chat", out_dir, progress=progress)

@@ -97,10 +97,9 @@ def test_a_folder_of_jsonl_files_is_read_in_order(tmp_path):
 
 
 def test_arithmetic_chat_holds_out_its_val_sums_from_training(tmp_path):
-    from gptkit.prepare.build import prepare_named_dataset
-    from gptkit.prepare.chat import split_conversations
-
     from gptkit.prepare.arithmetic import arithmetic_conversations
+    from gptkit.prepare.chat import split_conversations
+    from gptkit.prepare.named import prepare_named
 
     conversations = arithmetic_conversations(2000)
     val = split_conversations(2000, 0.1)
@@ -112,7 +111,7 @@ def test_arithmetic_chat_holds_out_its_val_sums_from_training(tmp_path):
         for q, a in zip(c["messages"][::2], c["messages"][1::2]):
             x, y = q["content"].removeprefix("What is ").removesuffix("?").split("+")
             assert a["content"] == str(int(x) + int(y))
-    prepare_named_dataset("arithmetic_chat", tmp_path / "data", progress=False)
+    prepare_named("arithmetic_chat", tmp_path / "data", progress=False)
     meta = load_meta(tmp_path / "data", "arithmetic_chat")
     assert meta["chat"]["conversations"] == {"train": 18_000, "val": 2_000}
 
