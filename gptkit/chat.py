@@ -1,4 +1,5 @@
-"""Chat conversations as tokens: the template, the target mask and the reader.
+"""Chat conversations as tokens: the template (and its Jinja form for exports), the target
+mask, the reader of jsonl conversations, and room for the turn tokens in a trained model.
 
 A conversation is a list of messages `{"role": "system"|"user"|"assistant", "content": "..."}`.
 Each message becomes its role's turn token, its content encoded as plain text, and the
@@ -12,7 +13,7 @@ is encoded as ordinary text, so a message that contains the text "<|user|>" stay
 and cannot open a turn. The targets (mask 1) are an assistant's content and its <|end|>;
 everything else (the turn tokens, system and user content) is context (mask 0).
 
-    python prepare.py chat --input talks.jsonl --format chat
+    python prepare.py talks --input talks.jsonl --format chat
 """
 
 import json
