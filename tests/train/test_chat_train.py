@@ -143,7 +143,7 @@ def test_fine_tuning_one_of_our_checkpoints_grows_it_by_the_turn_tokens(chat_dat
     assert load_checkpoint(lora_out / "ckpt.pt")["lora"]["rank"] == 2
 
 
-def test_a_hugging_face_gpt2_folder_grows_by_the_turn_tokens_and_lora_is_refused(tmp_path, tiktoken_available):
+def test_a_hugging_face_gpt2_folder_grows_by_the_turn_tokens_with_or_without_lora(tmp_path, tiktoken_available):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -155,8 +155,27 @@ def test_a_hugging_face_gpt2_folder_grows_by_the_turn_tokens_and_lora_is_refused
     assert train.main(chat_args(tmp_path / "data", tmp_path / "out", **args)) == 0
     ckpt = load_checkpoint(tmp_path / "out" / "ckpt.pt")
     assert ckpt["model_config"]["vocab_size"] == 50261 and ckpt["model"]["lm_head.weight"].shape[0] >= 50261
-    with pytest.raises(Exception, match="has no turn tokens yet, and LoRA"):
-        train.main(chat_args(tmp_path / "data", tmp_path / "lora", lora_rank=2, **args))
+    # LoRA: the adapters and the grown token embedding train (the new rows must learn), and are saved;
+    # resumed, the run goes on exactly; loaded for sampling, the base grows again and takes them
+    full, part = tmp_path / "lora", tmp_path / "lora-part"
+    lora_args = dict(args, max_iters=4, lora_rank=2, eval_interval=2, lr_decay_iters=4)
+    assert train.main(chat_args(tmp_path / "data", full, **lora_args)) == 0
+    assert train.main(chat_args(tmp_path / "data", part, **dict(lora_args, max_iters=2))) == 0
+    assert train.main(chat_args(tmp_path / "data", part, **dict(lora_args, init_from="resume"))) == 0
+    a, b = losses_by_iter(full), losses_by_iter(part)
+    assert sorted(a) == sorted(b) == list(range(4)) and all(abs(a[i] - b[i]) <= 1e-6 for i in a)
+    ckpt = load_checkpoint(full / "ckpt.pt")
+    assert ckpt["lora"]["trained"] == ["transformer.wte.weight", "lm_head.weight"] and ckpt["lora"]["vocab_size"] == 50261
+    assert ckpt["model"]["transformer.wte.weight"].shape[0] == 50261 and not any("c_fc" in k for k in ckpt["model"])
+    from transformers import GPT2LMHeadModel as HF
+
+    base_rows = HF.from_pretrained(tmp_path / "hf").transformer.wte.weight.detach()
+    new_rows = ckpt["model"]["transformer.wte.weight"][50257:]
+    assert not torch.allclose(new_rows, base_rows.mean(0).expand(4, -1))  # the turn tokens' rows trained
+    from gptkit.loading import load_model
+
+    model, tokenizer, _ = load_model(ckpt=str(full / "ckpt.pt"))
+    assert model.config.vocab_size == 50261 and torch.equal(model.transformer.wte.weight[50257:], new_rows)
 
 
 def test_two_gloo_ranks_equal_one_process_on_chat_data(chat_data, tmp_path):
