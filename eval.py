@@ -4,6 +4,7 @@
     python eval.py out-a out-b/best.pt --dataset shakespeare_char --split val
     python eval.py --init_from gpt2 --input held_out.txt --stride 512
     python eval.py out-shakespeare --init_from gpt2 --hellaswag download --json results.json
+    python eval.py out-chat-arithmetic --dataset arithmetic_chat --exact_match   # a chat split: replies' loss, exact match
     python eval.py plot out-a out-b --out runs.png                  # loss curves from metrics.jsonl
     zcat web.txt.gz | python eval.py out-a --input - --max_tokens 100000   # a stream, read only that far
 
@@ -49,6 +50,9 @@ def parse_args(argv):
     parser.add_argument("--split", choices=("val", "train"), default="val", help="with --dataset (default: %(default)s)")
     parser.add_argument("--data_dir", default="data", help="folder holding the dataset folders (default: %(default)s)")
     parser.add_argument("--hellaswag", metavar="FILE", help=f"{hellaswag.FILE_NAME}, or 'download' to fetch it once")
+    parser.add_argument("--exact_match", action="store_true",
+                        help="with a chat --dataset: also the share of its assistant replies written exactly (greedy, "
+                        "given the conversation before each)")
     parser.add_argument("--stride", type=int, help="tokens the window moves each step (default: each model's block_size)")
     parser.add_argument("--batch_size", type=int, default=8, help="windows per forward pass (default: %(default)s)")
     parser.add_argument("--max_tokens", type=int,
@@ -68,6 +72,8 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and value < low:
             problems.append(f"--{name} must be at least {low}, not {value}")
+    if args.exact_match and not args.dataset:
+        problems.append("--exact_match scores a chat dataset's replies: give --dataset NAME")
     if problems:
         parser.error("; ".join(problems))
     return args
@@ -113,7 +119,7 @@ def main(argv=None):
     results = []
     for spec, init_from in [(m, False) for m in args.models] + [(m, True) for m in args.init_from]:
         candidate = evaluation.load_candidate(spec, init_from)
-        result = evaluation.evaluate_candidate(candidate, settings, texts, split, items)
+        result = evaluation.evaluate_candidate(candidate, settings, texts, split, items, args.exact_match)
         print(candidate.summary, file=sys.stderr)  # after the checks: a mistake's error is the only line
         if result.score is not None:
             s = result.score
@@ -132,6 +138,10 @@ def main(argv=None):
         if source:
             print(f"scored: {source}" + (f" (first {args.max_tokens:,} tokens)" if args.max_tokens else ""))
         print(evaluation.markdown_table(results))
+        for result in results:
+            if result.exact_match is not None:
+                exact, total = result.exact_match
+                print(f"exact match, {result.name}: {exact:,} of {total:,} replies ({exact / total:.1%})")
         if items is not None:
             print("HellaSwag: acc picks the ending with the lowest summed token loss, acc_norm the lowest mean; chance is 25%")
     return 0

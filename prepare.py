@@ -4,6 +4,7 @@
     python prepare.py shakespeare              # Tiny Shakespeare, GPT-2 BPE (tiktoken)
     python prepare.py --input notes.txt books/ web.jsonl --tokenizer gpt2 --name mine
     python prepare.py --input books/ --tokenizer bpe --vocab_size 4096 --name books   # your own BPE
+    python prepare.py talks --input talks.jsonl --format chat  # conversations (docs/chat.md)
 
 What the files hold and how they are written: gptkit/prepare/build.py.
 """
@@ -11,7 +12,8 @@ What the files hold and how they are written: gptkit/prepare/build.py.
 import argparse
 
 from gptkit.errors import ArgumentParser, UserError, run_main
-from gptkit.prepare.build import NAMED_DATASETS, check_dataset_name, prepare_dataset, prepare_named_dataset
+from gptkit.prepare.build import NAMED_DATASETS, check_dataset_name, prepare_dataset
+from gptkit.prepare.named import prepare_named
 from gptkit.prepare.shakespeare import SHAKESPEARE_URL
 
 
@@ -29,6 +31,9 @@ examples:
   python prepare.py --input books/ --tokenizer bpe --vocab_size 4096 --name books
       a 4,096-token byte-level BPE trained on the training split of books/ -> data/books
       (with data/books/tokenizer.json); --tokenizer_from data/books reuses it for other text
+  python prepare.py talks --input talks.jsonl --format chat [--tokenizer char|gpt2|bpe] [--block_size N]
+      conversations, one {"messages": [...]} a line (or a folder of such files) -> data/talks
+      with a target mask per split (docs/chat.md); python prepare.py arithmetic_chat makes some
 
 inputs: a text file is one document; a folder is every .txt file below it (sorted), one
 document each; a .jsonl file is one document per line, in its "text" field; - (standard
@@ -59,7 +64,8 @@ def build_parser():
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("dataset", nargs="?", help=f"a named dataset: {', '.join(NAMED_DATASETS)}")
+    parser.add_argument("dataset", nargs="?", help=f"a named dataset: {', '.join(NAMED_DATASETS)}; "
+                        "with --format chat, the name of yours")
     parser.add_argument(
         "--input", nargs="+", metavar="PATH",
         help="text file(s), folder(s) of .txt, .jsonl file(s), a pipe or <(command), or - for standard input",
@@ -92,11 +98,20 @@ def build_parser():
     parser.add_argument(
         "--errors",
         default="strict",
-        metavar="{strict,replace}",
-        help="invalid UTF-8: strict (stop, default) or replace (U+FFFD)",
+        metavar="{strict,replace,skip}",
+        help="invalid UTF-8: strict (stop, default) or replace (U+FFFD); --format chat: strict or skip (bad lines, counted)",
     )
     parser.add_argument(
         "--workers", type=int, default=None, metavar="N", help="tokenizer processes (default: all cores)"
+    )
+    parser.add_argument(
+        "--format", default="text", metavar="{text,chat}",
+        help="chat: --input is jsonl conversations ({\"messages\": [...]} a line) or a folder of them; "
+        "the dataset is named by NAME or --name, the tokenizer defaults to gpt2 (docs/chat.md)",
+    )
+    parser.add_argument(
+        "--block_size", type=int, default=None, metavar="N",
+        help="with --format chat: a conversation longer than N + 1 tokens is an error (or skipped with --errors skip)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
@@ -105,6 +120,12 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     progress = not args.quiet
+    if args.format not in ("text", "chat"):
+        raise UserError(f"--format must be text or chat, got {args.format!r}")
+    if args.format == "chat":
+        return prepare_chat_command(args, progress)
+    if args.block_size is not None:
+        raise UserError("--block_size goes with --format chat (a text dataset is cut into windows by train.py)")
     if args.dataset is not None:
         check_dataset_name(args.dataset)
         own = (args.tokenizer, args.name, args.val_fraction, args.vocab_size, args.tokenizer_from)
@@ -116,11 +137,11 @@ def main(argv=None):
         if args.input is not None and len(args.input) != 1:
             raise UserError(f"{args.dataset} takes one --input file (a copy of Tiny Shakespeare)")
         input_path = args.input[0] if args.input else None
-        prepare_named_dataset(args.dataset, args.data_dir, input_path, workers=args.workers, progress=progress)
+        prepare_named(args.dataset, args.data_dir, input_path, workers=args.workers, progress=progress)
         return 0
     if args.input is None:
         raise UserError(
-            "nothing to prepare: give a dataset name (shakespeare_char, shakespeare) or "
+            "nothing to prepare: give a dataset name (shakespeare_char, shakespeare, arithmetic_chat) or "
             "--input PATH --tokenizer {char,gpt2,bpe} --name NAME (see python prepare.py --help)"
         )
     if args.tokenizer is None:
@@ -138,6 +159,28 @@ def main(argv=None):
         progress,
         vocab_size=args.vocab_size,
         tokenizer_from=args.tokenizer_from,
+    )
+    return 0
+
+
+def prepare_chat_command(args, progress):
+    from gptkit.prepare.chat import prepare_chat
+
+    if args.input is None:
+        raise UserError("--format chat needs --input FILE_OR_DIR (jsonl conversations, or a folder of them)")
+    if (args.dataset is None) == (args.name is None):
+        raise UserError("--format chat needs the dataset's name once: python prepare.py NAME --input FILE --format chat")
+    prepare_chat(
+        args.input,
+        args.tokenizer or "gpt2",
+        args.dataset or args.name,
+        args.data_dir,
+        0.1 if args.val_fraction is None else args.val_fraction,
+        args.errors,
+        args.block_size,
+        vocab_size=args.vocab_size,
+        tokenizer_from=args.tokenizer_from,
+        progress=progress,
     )
     return 0
 

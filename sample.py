@@ -7,6 +7,7 @@
     python sample.py --init_from gpt2 --start "The meaning of life is"
     python sample.py --ckpt ../nanoGPT/out-shakespeare-char/ckpt.pt --meta ../nanoGPT/data/shakespeare_char/meta.pkl
     python sample.py --attention attn.png --layer 1 --start "ROMEO:"   # draw every head's attention, no sampling
+    python sample.py --out_dir out-chat --chat --system "Answer briefly."  # talk to a chat-trained model
 
 Which model: `--ckpt FILE`, else `--out_dir` (default out-shakespeare, where
 `python train.py configs/shakespeare.py` writes), taking best.pt there, else
@@ -53,6 +54,7 @@ from pathlib import Path
 import torch
 
 from gptkit import cpu_decode
+from gptkit import chat_session
 from gptkit.config import parse_settings, setting
 from gptkit.device import DTYPES, inference_dtype, resolve_device
 from gptkit.errors import UserError, run_main
@@ -111,6 +113,9 @@ class SampleConfig:
     )
     data_dir: str = setting("data", "where to look for a nanoGPT checkpoint's <dataset>/meta.pkl")
     meta: str | None = setting(None, "a nanoGPT meta.pkl to take the character vocabulary from")
+    chat: bool = setting(False, "talk to a chat-trained model: a reply to each line typed (or each line of a pipe), "
+                         "streamed until its end-of-turn token; Ctrl-D leaves (gptkit/chat_session.py, docs/chat.md)")
+    system: str | None = setting(None, "with --chat: the system message that opens the conversation")
     attention: str | None = setting(None, "draw every head's attention for the prompt into this PNG and exit")
     layer: int = setting(0, "which layer --attention draws")
 
@@ -133,6 +138,11 @@ class SampleConfig:
         if self.compile and not self.use_cache:
             raise ValueError("compile=true compiles the cached one-token step: it needs use_cache=true")
         check_sampling_options(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty)
+        if self.chat and (self.start != "\n" or self.attention is not None or self.stop is not None):
+            raise ValueError("chat=true takes the messages from the terminal or standard input: leave out start, "
+                             "stop and attention (system sets a system message)")
+        if self.system is not None and not self.chat:
+            raise ValueError("system goes with chat=true")
 
 
 # ---- loading -------------------------------------------------------------------
@@ -184,6 +194,8 @@ def write(piece):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = ["--chat=true" if a == "--chat" else a for a in argv]  # a switch: --chat alone means true
     (cfg,) = parse_settings(argv, [SampleConfig], prog="sample.py", description=__doc__)
     if cfg.stop is not None:
         cfg = dataclasses.replace(cfg, stop=unescape(cfg.stop))
@@ -193,6 +205,11 @@ def main(argv=None):
     prompt = read_prompt(cfg.start)
     torch.manual_seed(cfg.seed)
     model, tokenizer, summary = load_model(cfg.init_from, cfg.out_dir, cfg.ckpt, cfg.data_dir, cfg.meta)
+    if cfg.chat:  # a conversation instead of samples
+        session = chat_session.Session(model, tokenizer, unescape(cfg.system) if cfg.system else None)
+        print(summary, file=sys.stderr)
+        model.to(device=device, dtype=inference_dtype(cfg.dtype, device))
+        return chat_session.talk(session, cfg, device, sys.stdin, write)
     prompt_ids = encode_prompt(tokenizer, prompt)  # before any heavy work: unknown characters fail here
     if cfg.attention is not None and not 0 <= cfg.layer < model.config.n_layer:
         raise UserError(f"--layer {cfg.layer} does not exist: this model has layers 0 to {model.config.n_layer - 1}")

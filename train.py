@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed
 
+from gptkit import chat_batches
 from gptkit import dataset
 from gptkit import fused
 from gptkit import lora
@@ -463,9 +464,9 @@ def run(model_cfg, cfg, dist, start_time):
     if dist.is_main:
         listed = "  ".join(f"{k}={v}" for k, v in settings.items())
         print("settings: " + textwrap.fill(listed, 100, subsequent_indent="  "))
+        ran = "gptkit/fused.py (RMSNorm, ReLU² backward by hand)" if kernels == "fused" else "model.py"
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters | world size {dist.world_size} | "
-              f"{dev.name} {settings['dtype']} | compile {dev.compile} | kernels "
-              + ("gptkit/fused.py (RMSNorm, ReLU² backward by hand)" if kernels == "fused" else "model.py"))
+              f"{dev.name} {settings['dtype']} | compile {dev.compile} | kernels {ran}")
         if note := embedding_heavy_note(raw_model, cfg.init_from):
             print(note)
         if lora.is_applied(raw_model):
@@ -488,12 +489,18 @@ def run(model_cfg, cfg, dist, start_time):
     info = {"model_config": dataclasses.asdict(model_cfg), "tokenizer": meta["tokenizer"],
             "config": settings, "data_fingerprint": meta.get("fingerprint"), "dataset": cfg.dataset,
             "provenance": provenance(dev.name) if dist.is_main else None}
+    if "chat" in meta:
+        info["chat"] = meta["chat"]
     saver = Checkpointer(out_dir, raw_model, optimizers, scaler, info, dist, dev.name, cfg.parallel,
                          resumed_at=state.iter_num if cfg.init_from == "resume" else None)
-    batches = dataset.Batches(cfg.data_dir, cfg.dataset, meta, model_cfg.block_size, dev.name,
-                              cfg.batch_size, cfg.gradient_accumulation_steps, cfg.seed)
-    plan = setup.eval_plan(cfg, meta, batches, dev, dist)
-    step = Step(model, raw_model, optimizers, scaler, batches, dev.autocast(), dist, cfg.grad_clip)
+    chat = "chat" in meta  # conversations: the loss of the replies only (gptkit/chat_batches.py)
+    batches = (chat_batches.ChatBatches if chat else dataset.Batches)(
+        cfg.data_dir, cfg.dataset, meta, model_cfg.block_size, dev.name, cfg.batch_size,
+        cfg.gradient_accumulation_steps, cfg.seed)
+    plan = (chat_batches.eval_plan if chat else setup.eval_plan)(cfg, meta, batches, dev, dist)
+    step_model = chat_batches.TargetOnlyLoss(model, batches) if chat else model
+    step = Step(step_model, raw_model, optimizers, scaler, batches, dev.autocast(), dist,
+                cfg.grad_clip)
 
     stop = distributed.StopFlag().install()
     try:
@@ -502,7 +509,8 @@ def run(model_cfg, cfg, dist, start_time):
                 if state.iter_num >= cfg.max_iters and not cfg.eval_only:
                     saver.save_finished(state, cfg.always_save_checkpoint)  # the last eval may fail
                 with log.clock.paused():  # train_cpu_s leaves evaluations out
-                    scores = evaluate(model, plan, stop, log.eval_progress(state.iter_num))
+                    scores = (chat_batches.evaluate if chat else evaluate)(
+                        model, plan, stop, log.eval_progress(state.iter_num))
                 state.train_cpu_s = log.clock.cpu_s()
                 if scores is None:  # a stop signal during the evaluation
                     when = f"during the evaluation at iteration {state.iter_num}"

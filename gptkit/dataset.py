@@ -28,7 +28,7 @@ from gptkit.untrusted import inside, read_regular, regular_size
 
 FORMAT_VERSION = 1
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
-AUTO_PREPARED = ("shakespeare_char", "shakespeare")  # names prepare.py can build by itself
+AUTO_PREPARED = ("shakespeare_char", "shakespeare", "arithmetic_chat")  # names prepare.py can build by itself
 EVAL_STREAM = 0xE7A1  # separates the evaluation windows' random stream from training's
 MAX_META_BYTES = 64 << 20  # meta.json: a character vocabulary and the list of sources
 FULL_SCAN_BYTES = 1 << 30  # bins up to 1 GiB are checked whole at start-up (~0.1 s per 100 MB)
@@ -52,10 +52,10 @@ def ensure_dataset(data_dir, name):
     folder = dataset_dir(data_dir, name)
     if (folder / "meta.json").is_file() or name not in AUTO_PREPARED:
         return False
-    from gptkit.prepare import build  # only needed in this rare case; keeps start-up light
+    from gptkit.prepare.named import prepare_named  # only needed in this rare case; keeps start-up light
 
     print(f"dataset {folder} is missing: preparing it now (python prepare.py {name})")
-    build.prepare_named_dataset(name, out_dir=str(data_dir))
+    prepare_named(name, out_dir=str(data_dir))
     return True
 
 
@@ -124,9 +124,27 @@ def load_meta(data_dir, name, block_size=None):
     for split in ("train", "val"):
         if meta["num_tokens"][split] * itemsize <= FULL_SCAN_BYTES:  # larger ones: each batch as it is read
             check_token_ids(folder / f"{split}.bin", meta["dtype"], meta["vocab_size"], name)
+    if "chat" in meta:
+        for split in ("train", "val"):
+            check_mask_file(folder, split, meta["num_tokens"][split], name)
     if block_size is not None:
         check_block_size(meta, block_size, folder)
     return meta
+
+
+def check_mask_file(folder, split, n_tokens, name):
+    """A chat split's target mask: one uint8 per token (gptkit/prepare/chat.py)."""
+    path = folder / f"{split}_mask.bin"
+    again = "python prepare.py arithmetic_chat" if name == "arithmetic_chat" else f"python prepare.py {name} --input FILE --format chat"
+    try:
+        size = regular_size(inside(folder, path.name, "the dataset file"), path)
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing: run {again} again")
+    if size != n_tokens:
+        raise UserError(f"{path} holds {size} bytes but meta.json says {n_tokens} tokens: run {again} again")
+    mask = np.fromfile(path, dtype=np.uint8)
+    if mask.size and (int(mask.max()) > 2 or mask[0] != 2):
+        raise UserError(f"{path} is not a target mask (values 0, 1, 2, starting with 2): run {again} again")
 
 
 def read_meta_file(folder, meta_path, fix):
@@ -145,6 +163,10 @@ def check_vocabulary(meta, meta_path):
     """The tokenizer meta.json describes (checked whole, whatever its pin says) must
     agree with vocab_size, and eot_id lie inside that vocabulary."""
     expected = check_description(meta["tokenizer"], meta_path)
+    if "chat" in meta:  # the four turn tokens follow the tokenizer's ids (gptkit/chat.py)
+        from gptkit.chat import check_chat_meta
+
+        expected += check_chat_meta(meta, expected, meta_path)
     if expected != meta["vocab_size"]:
         raise UserError(
             f"{meta_path}: vocab_size {meta['vocab_size']} disagrees with its {meta['tokenizer'].get('type')} tokenizer "
@@ -171,7 +193,10 @@ def check_token_ids(path, dtype, vocab_size, name=None, offset=0, ids=None):
 
 
 def check_block_size(meta, block_size, folder):
-    """Each split must hold at least one window of block_size+1 tokens."""
+    """Each split must hold at least one window of block_size+1 tokens (a chat split's
+    conversations are padded into whole windows: any length will do)."""
+    if "chat" in meta:
+        return
     for split in ("train", "val"):
         n = meta["num_tokens"][split]
         if n < block_size + 1:

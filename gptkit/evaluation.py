@@ -74,6 +74,7 @@ class Result:
     score: scoring.Score | None = None
     seconds: float | None = None
     hellaswag: dict | None = None
+    exact_match: tuple | None = None  # (replies written exactly, replies) of a chat split
     notes: list = field(default_factory=list)
 
     def to_dict(self):
@@ -84,6 +85,9 @@ class Result:
                        tokens_per_s=s.tokens / self.seconds if self.seconds else None)
         if self.hellaswag is not None:
             out["hellaswag"] = {k: v for k, v in self.hellaswag.items() if k != "predictions"}
+        if self.exact_match is not None:
+            exact, total = self.exact_match
+            out["exact_match"] = {"exact": exact, "replies": total, "rate": exact / total if total else None}
         return out
 
 
@@ -228,6 +232,8 @@ def score_split(candidate, data_dir, name, split, settings):
             f"{candidate.name} uses a {candidate.tokenizer_name} tokenizer but dataset {name} was prepared with "
             f"{meta['tokenizer'].get('type')} ({meta['vocab_size']:,}): score it with --input on the raw text instead"
         )
+    if "chat" in meta:
+        return score_chat_split(candidate, data_dir, name, split, meta, settings)
     tokens = dataset.TokenBin(dataset.dataset_dir(data_dir, name) / f"{split}.bin", meta["dtype"])
     try:
         n = tokens.n_tokens if settings.max_tokens is None else min(tokens.n_tokens, settings.max_tokens)
@@ -237,11 +243,75 @@ def score_split(candidate, data_dir, name, split, settings):
         tokens.close()
 
 
-def evaluate_candidate(candidate, settings, texts=None, split=None, hellaswag_items=None):
+def score_chat_split(candidate, data_dir, name, split, meta, settings):
+    """A chat split's assistant tokens only, in the windows train.py packs (gptkit/chat_batches.py):
+    its eval_iters=0 val loss, and bits per byte of the replies' text."""
+    from gptkit.chat_batches import ChatBatches, chat_byte_lengths
+
+    if candidate.model.config.vocab_size != meta["vocab_size"]:
+        raise UserError(
+            f"{candidate.name} has {candidate.model.config.vocab_size:,} token ids, but chat dataset {name} has "
+            f"{meta['vocab_size']:,} with its turn tokens: fine-tune it on the chat data first (train.py --dataset {name})"
+        )
+    T = candidate.block_size
+    batches = ChatBatches(data_dir, name, meta, T, settings.device)
+    rows = list(range(batches.n_windows(split)))
+    if settings.max_tokens is not None:
+        rows = rows[: max(1, settings.max_tokens // (T + 1))]
+    byte_lengths = chat_byte_lengths(scoring.byte_lengths_tensor(candidate.tokenizer, settings.device))
+    total = scoring.accumulator(settings.device)
+    with torch.no_grad():
+        for i in range(0, len(rows), settings.batch_size):
+            x, y = batches.get(split, rows[i : i + settings.batch_size])
+            with settings.autocast:
+                total += scoring.score_batch(candidate.model, x, y, byte_lengths).to(total.dtype)
+    return scoring.Score.from_tensor(total)
+
+
+def chat_exact_match(candidate, data_dir, name, split, settings):
+    """(exact, total): the assistant turns of a chat split that the model writes exactly
+    (content and <|end|>), greedily, given the conversation before each of them."""
+    from gptkit.chat_batches import conversations_of
+    from gptkit.generate import generate_stream
+
+    meta = dataset.load_meta(data_dir, name)
+    if "chat" not in meta:
+        raise UserError(f"--exact_match scores the replies of a chat dataset; {name} is plain text")
+    if candidate.model.config.vocab_size != meta["vocab_size"] or meta["tokenizer"] != candidate.tokenizer.to_dict():
+        raise UserError(f"{candidate.name} was not trained on chat dataset {name}'s vocabulary: fine-tune it there first")
+    folder = dataset.dataset_dir(data_dir, name)
+    ids = np.fromfile(folder / f"{split}.bin", dtype=meta["dtype"])
+    mask = np.fromfile(folder / f"{split}_mask.bin", dtype=np.uint8)
+    turns = meta["chat"]["turn_ids"]
+    replies = {}  # prompt length -> [(prompt, reference reply with its <|end|>)]
+    for conv, _ in conversations_of(ids, mask):
+        for p, token in enumerate(conv):
+            if token == turns["<|assistant|>"]:
+                end = conv.index(turns["<|end|>"], p)
+                replies.setdefault(p + 1, []).append((conv[: p + 1], conv[p + 1 : end + 1]))
+    exact = total = 0
+    stops = list(turns.values())
+    model = candidate.model
+    for group in replies.values():  # prompts of one length go together, as one batch
+        for i in range(0, len(group), settings.batch_size):
+            chunk = group[i : i + settings.batch_size]
+            idx = torch.tensor([prompt for prompt, _ in chunk], device=settings.device)
+            longest = max(len(reference) for _, reference in chunk)
+            with settings.autocast:
+                steps = torch.stack(list(generate_stream(model, idx, longest, temperature=0, stop_tokens=stops)), 1)
+            for (_, reference), row in zip(chunk, steps.tolist()):
+                exact += row[: len(reference)] == reference
+                total += 1
+    return exact, total
+
+
+def evaluate_candidate(candidate, settings, texts=None, split=None, hellaswag_items=None, exact_match=False):
     """Move the model to the device, score what was asked, and free it again: a Result."""
     result = Result(candidate.name, candidate.model.num_params(), candidate.tokenizer_name, candidate.tokens_seen)
     model = candidate.model.to(settings.device)
     try:
+        if exact_match:
+            result.exact_match = chat_exact_match(candidate, *split, settings)
         if texts is not None or split is not None:
             t0 = time.perf_counter()
             if texts is not None:

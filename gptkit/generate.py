@@ -36,10 +36,14 @@ class TextStream:
 
     BPE may split one character's UTF-8 bytes across tokens; decoding them alone
     prints U+FFFD, so tokens wait in `pending` until they decode to whole
-    characters. The text ends before the first occurrence of `stop`."""
+    characters. The text ends before the first occurrence of `stop`, or at one of
+    `stop_tokens` (default: the tokenizer's end of text, if it has one)."""
 
-    def __init__(self, tokenizer, stop=None):
+    def __init__(self, tokenizer, stop=None, stop_tokens=None):
         self.tokenizer, self.stop = tokenizer, stop
+        if stop_tokens is None:
+            stop_tokens = [] if tokenizer.eot_id is None else [tokenizer.eot_id]
+        self.stop_tokens = set(stop_tokens)
         self.pending = []  # tokens not yet turned into text
         self.text = ""
         self.shown = 0  # how much of text take_new() has handed out
@@ -49,7 +53,7 @@ class TextStream:
     def push(self, token):
         if self.stopped:
             return
-        if token == self.tokenizer.eot_id:  # a BPE model ended its document
+        if token in self.stop_tokens:  # a BPE model ended its document, a chat model its turn
             self.close()
             self.stopped = True
             return
@@ -146,15 +150,19 @@ def generate_stream(
             return
 
 
-def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None):
+def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None, stop_tokens=None):
     """Generate cfg.num_samples continuations of `prompt_ids` together as one batch.
 
     Returns the text of each sample (without the prompt), cut before cfg.stop.
-    `on_text(piece)` is called with sample 1's new text as it is generated."""
+    `on_text(piece)` is called with sample 1's new text as it is generated. A sample
+    ends at one of `stop_tokens` (default: the tokenizer's end of text, if it has one),
+    which is not part of its text."""
+    if stop_tokens is None:
+        stop_tokens = [] if tokenizer.eot_id is None else [tokenizer.eot_id]
     generator = torch.Generator(device=device)
     generator.manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)  # (B, T)
-    streams = [TextStream(tokenizer, cfg.stop) for _ in range(cfg.num_samples)]
+    streams = [TextStream(tokenizer, cfg.stop, stop_tokens) for _ in range(cfg.num_samples)]
     decoder = None
     if cfg.compile:
         decoder = CompiledDecoder(model, cfg.num_samples)
@@ -166,7 +174,7 @@ def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None):
             model, idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
             min_p=cfg.min_p, repetition_penalty=cfg.repetition_penalty, generator=generator,
             use_cache=cfg.use_cache, shift_context=cfg.shift_context, decoder=decoder,
-            stop_tokens=None if tokenizer.eot_id is None else [tokenizer.eot_id],
+            stop_tokens=stop_tokens or None,
         )
         try:
             for tokens in steps:  # (B,) the next token of every sample

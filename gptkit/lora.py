@@ -124,9 +124,26 @@ def merge(model):
     return model
 
 
+TOKEN_EMBEDDING = ["transformer.wte.weight", "lm_head.weight"]  # both names, tied or not
+
+
+def train_token_embedding(model):
+    """Let the token embedding and output layer train beside the adapters (peft's
+    modules_to_save), as a model that gained ids needs: a chat run's new turn tokens
+    (gptkit/chat.py) start as the mean row and must learn their own. They are saved
+    with the adapters, and the model's grown vocab_size with the LoRA settings."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for name in TOKEN_EMBEDDING:
+        params[name].requires_grad_(True)
+    model.lora_spec["trained"] = list(TOKEN_EMBEDDING)
+    model.lora_spec["vocab_size"] = model.config.vocab_size
+
+
 def adapter_state_dict(model):
-    """{name: tensor} of the adapters only, e.g. 'transformer.h.0.attn.c_attn.lora_A'."""
-    return {k: v for k, v in model.state_dict().items() if ADAPTER_MARK in k}
+    """{name: tensor} of the adapters, e.g. 'transformer.h.0.attn.c_attn.lora_A', and of the
+    weights trained beside them (train_token_embedding)."""
+    trained = set(getattr(model, "lora_spec", {}).get("trained", []))
+    return {k: v for k, v in model.state_dict().items() if ADAPTER_MARK in k or k in trained}
 
 
 def load_adapters(model, adapters, source):
@@ -160,8 +177,9 @@ def fingerprint(model):
 def summary(model):
     """One line for the start of a run: what trains, out of how much."""
     spec = model.lora_spec
-    adapters = sum(p.numel() for n, p in model.named_parameters() if ADAPTER_MARK in n)
+    adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
+    also = " but its token embedding, which trains for the new turn tokens" if spec.get("trained") else ""
     return (f"LoRA rank {spec['rank']} (alpha {spec['alpha']:g}, scale {spec['alpha'] / spec['rank']:g}) on "
             f"{', '.join(spec['targets'])}: {adapters:,} trainable parameters ({adapters / total:.2%} of {total:,}); "
-            f"base {spec['base']['init_from']} frozen")
+            f"base {spec['base']['init_from']} frozen{also}")

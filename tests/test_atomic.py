@@ -146,10 +146,10 @@ def test_convert_to_hf_never_replaces_a_folder_filled_meanwhile(tmp_path, monkey
     dest = tmp_path / "hf"
     real = export.write_tokenizer
 
-    def tokenizer_then_someone_else_writes(tokenizer, folder, block_size):
+    def tokenizer_then_someone_else_writes(tokenizer, folder, block_size, turns=None):
         dest.mkdir()
         (dest / "theirs.txt").write_text("theirs")
-        return real(tokenizer, folder, block_size)
+        return real(tokenizer, folder, block_size, turns)
 
     monkeypatch.setattr(export, "write_tokenizer", tokenizer_then_someone_else_writes)
     with pytest.raises(Appeared):

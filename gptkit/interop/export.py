@@ -14,11 +14,13 @@ The folder is written under a temporary name beside DEST and renamed at the end,
 so an error or Ctrl-C halfway never leaves a folder that looks complete.
 """
 
+import json
 from pathlib import Path
 
 from safetensors import SafetensorError
 
 from gptkit.atomic import atomic_write
+from gptkit.chat import chat_vocabulary
 from gptkit.errors import RunFailed, UserError
 from gptkit.interop.hf_gpt2 import export_gpt2, gpt2_mismatches
 from gptkit.interop.hf_llama import export_llama, llama_mismatches
@@ -51,6 +53,14 @@ def load_source(source, data_dir="data"):
     return load_model(ckpt=path, data_dir=data_dir)
 
 
+def end_generation_at(config_path, token_id):
+    """A chat model's reply ends with its turn: <|end|> as the eos_token_id that
+    transformers' generate stops at."""
+    config = json.loads(config_path.read_text())
+    config["eos_token_id"] = token_id
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+
 def export_hf(source, dest, data_dir="data"):
     """Write the model in `source` and its tokenizer as a Hugging Face folder `dest`;
     returns a one-line summary."""
@@ -60,11 +70,14 @@ def export_hf(source, dest, data_dir="data"):
     # A new folder: published only if nothing appeared there meanwhile (gptkit/atomic.py).
     try:
         with atomic_write(dest, replace=False, folder=True) as tmp:
-            eot = write_tokenizer(tokenizer.to_dict(), tmp, model.config.block_size)
+            turns = chat_vocabulary(model.config.vocab_size, tokenizer.vocab_size)  # a chat model's turn tokens
+            eot = write_tokenizer(tokenizer.to_dict(), tmp, model.config.block_size, turns)
             if architecture == "gpt2":
                 export_gpt2(model, tmp)
             else:
                 export_llama(model, tmp, eos_token_id=eot)
+            if turns is not None:
+                end_generation_at(tmp / "config.json", turns["<|end|>"])
     except SafetensorError as e:  # a full disk (safetensors says "I/O error"): the environment failed
         raise RunFailed(f"could not write {shown(dest)}: {str(e).splitlines()[0]} (nothing was left behind)")
     kind = "GPT2LMHeadModel" if architecture == "gpt2" else "LlamaForCausalLM"

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from gptkit.atomic import atomic_write
+from gptkit.chat import CHAT_TEMPLATE, chat_vocabulary
 from gptkit.device import F16_MAX, F16_OVERFLOW
 from gptkit.errors import UserError
 from gptkit.interop.hf_llama import llama_block
@@ -300,6 +301,8 @@ def export_gguf(source, dest, outtype="f16", data_dir="data"):
 #     char                         llama.cpp's "rwkv" vocabulary: the longest token that
 #                                  matches the text's next bytes, which for whole
 #                                  characters is one character at a time
+#     a chat model                 the four turn tokens as control tokens after those,
+#                                  tokenizer.chat_template and <|end|> as end of turn
 #
 #     python convert.py out-shakespeare-llama shakespeare.gguf --to gguf
 #
@@ -332,6 +335,7 @@ class Vocab:
     merges: list = field(default_factory=list)  # "left right", rank order (gpt2 only)
     eot_id: int | None = None
     kind: str = ""  # our tokenizer type, for messages
+    turns: dict | None = None  # a chat model's turn tokens {name: id} (gptkit/chat.py)
 
 
 def spell(token_bytes, symbols=byte_symbols()):
@@ -375,6 +379,10 @@ def gguf_vocab(tokenizer_dict, vocab_size):
         raise UserError(f"exporting a {kind!r} tokenizer to GGUF is not supported (gpt2, bpe and char are)")
     if len(vocab.tokens) > vocab_size:
         raise UserError(f"the tokenizer has {len(vocab.tokens)} tokens but the model only {vocab_size}")
+    vocab.turns = chat_vocabulary(vocab_size, len(vocab.tokens))
+    if vocab.turns is not None:  # a chat model: its turn tokens are control tokens, as llama.cpp's own chat models'
+        vocab.tokens += list(vocab.turns)
+        vocab.types += [CONTROL] * len(vocab.turns)
     n_pad = vocab_size - len(vocab.tokens)
     # rwkv matches any token's bytes in the text: there a padding token starts with the
     # byte 0xFF (an rwkv escape), which no UTF-8 text holds
@@ -392,8 +400,15 @@ def add_vocab(writer, vocab):
         writer.add_token_merges(vocab.merges)
     writer.add_token_list(vocab.tokens)
     writer.add_token_types(vocab.types)
+    # A chat model's generation ends with its turn: <|end|> is its end of sequence (llama-cpp-python's
+    # chat completion stops at that token's text; with none it would stop at once, on "")
+    eos = vocab.turns["<|end|>"] if vocab.turns is not None else vocab.eot_id
+    if eos is not None:
+        writer.add_eos_token_id(eos)
     if vocab.eot_id is not None:
-        writer.add_eos_token_id(vocab.eot_id)
         writer.add_bos_token_id(vocab.eot_id)  # GPT-2's convention; never added to a prompt:
     writer.add_add_bos_token(False)  # we train without a BOS token
     writer.add_add_eos_token(False)
+    if vocab.turns is not None:
+        writer.add_chat_template(CHAT_TEMPLATE)  # tokenizer.chat_template: llama-cpp-python formats with it
+        writer.add_eot_token_id(vocab.turns["<|end|>"])  # generation ends with the turn

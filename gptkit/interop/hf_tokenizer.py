@@ -4,6 +4,8 @@
     GPT-2 BPE   vocab.json + merges.txt (GPT-2's own format), rebuilt from tiktoken's ranks
     char        tokenizer.json: one token per character, no merges (needs `tokenizers`,
                 which comes with transformers)
+    chat model  the four turn tokens as special added tokens, and tokenizer_config.json's
+                chat_template, so that apply_chat_template gives our prompt ids
 
     python convert.py out-shakespeare hf-shakespeare --to hf
 
@@ -57,7 +59,19 @@ def bpe_merges(ranks):
     return merges
 
 
-def write_gpt2_tokenizer(folder, model_max_length):
+def chat_settings(turns):
+    """tokenizer_config.json's part for a chat model: the turn tokens as special added
+    tokens at their ids, and the chat template (gptkit/chat.py)."""
+    if turns is None:
+        return {}
+    from gptkit.chat import CHAT_TEMPLATE
+
+    added = {str(i): {"content": name, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                      "special": True} for name, i in turns.items()}
+    return {"added_tokens_decoder": added, "additional_special_tokens": list(turns), "chat_template": CHAT_TEMPLATE}
+
+
+def write_gpt2_tokenizer(folder, model_max_length, turns=None):
     """vocab.json, merges.txt and tokenizer_config.json for transformers' GPT2Tokenizer."""
     encoding = load_gpt2_encoding()
     ranks = encoding._mergeable_ranks  # {token bytes: id}; tiktoken keeps no public accessor
@@ -76,20 +90,25 @@ def write_gpt2_tokenizer(folder, model_max_length):
         "tokenizer_class": "GPT2Tokenizer", "model_max_length": model_max_length,
         "bos_token": EOT, "eos_token": EOT, "unk_token": EOT, "add_prefix_space": False,
         "add_bos_token": False,
-    })
+    } | chat_settings(turns))
 
 
-def write_char_tokenizer(folder, chars, model_max_length):
+def write_char_tokenizer(folder, chars, model_max_length, turns=None):
     """tokenizer.json where id i is chars[i]: a BPE model with no merges reads text one
-    character at a time, with no normalizer and no pre-tokenizer to change it."""
+    character at a time, with no normalizer and no pre-tokenizer to change it. A chat
+    model's turn tokens follow as special added tokens (ids len(chars) on)."""
     try:
-        from tokenizers import Tokenizer, decoders, models
+        from tokenizers import AddedToken, Tokenizer, decoders, models
     except ImportError:
         raise UserError("exporting a character-level tokenizer needs the tokenizers package: pip install tokenizers")
     tokenizer = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(chars)}, merges=[]))
     tokenizer.decoder = decoders.Fuse()  # decode joins characters as they are, no spaces between
+    if turns is not None:
+        tokenizer.add_special_tokens([AddedToken(name, normalized=False, special=True) for name in turns])
+        assert [tokenizer.token_to_id(name) for name in turns] == list(turns.values()), "turn tokens not at their ids"
     tokenizer.save(str(Path(folder) / "tokenizer.json"))
-    _write_config(Path(folder), {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length})
+    _write_config(Path(folder), {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length}
+                  | chat_settings(turns))
 
 
 def _write_config(folder, settings):
@@ -98,15 +117,16 @@ def _write_config(folder, settings):
     (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
 
 
-def write_tokenizer(tokenizer_dict, folder, model_max_length):
-    """Write the tokenizer a checkpoint describes (its meta.json form) into `folder`;
-    returns the end-of-text id or None. A new tokenizer type needs its writer here."""
+def write_tokenizer(tokenizer_dict, folder, model_max_length, turns=None):
+    """Write the tokenizer a checkpoint describes (its meta.json form) into `folder`, with
+    a chat model's `turns` ({name: id}, gptkit/chat.py) and template; returns the
+    end-of-text id or None. A new tokenizer type needs its writer here."""
     kind = tokenizer_dict.get("type") if isinstance(tokenizer_dict, dict) else None
     if kind == "gpt2":
-        write_gpt2_tokenizer(folder, model_max_length)
+        write_gpt2_tokenizer(folder, model_max_length, turns)
         return GPT2_EOT_ID
     if kind == "char":
-        write_char_tokenizer(folder, tokenizer_dict["chars"], model_max_length)
+        write_char_tokenizer(folder, tokenizer_dict["chars"], model_max_length, turns)
         return None
     raise UserError(
         f"exporting a {kind!r} tokenizer to Hugging Face is not supported yet (only gpt2 and char are; "

@@ -44,7 +44,8 @@ FORMAT_VERSION = 1
 TOKENIZERS = ("char", "gpt2", "bpe")
 GPT2_VOCAB_SIZE = 50257
 
-NAMED_DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2"}
+SHAKESPEARE_DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2"}
+NAMED_DATASETS = {**SHAKESPEARE_DATASETS, "arithmetic_chat": "char"}  # arithmetic_chat: gptkit/prepare/arithmetic.py
 
 
 # ---------------------------------------------------------------- writing
@@ -304,8 +305,10 @@ def check_dataset_name(name):
 
 
 def prepare_named_dataset(name, out_dir="data", input_path=None, *, workers=None, progress=True):
-    """Prepare a named dataset (shakespeare_char, shakespeare) into out_dir/name; return the folder."""
+    """Prepare Tiny Shakespeare (shakespeare_char, shakespeare) into out_dir/name; return the folder.
+    Every named dataset, arithmetic_chat too: gptkit/prepare/named.py."""
     check_dataset_name(name)
+    assert name in SHAKESPEARE_DATASETS, f"{name} is prepared by gptkit.prepare.named.prepare_named"
     folder = claim_output(Path(out_dir) / name, "folder", overwrite=True, what="the dataset folder (--data_dir)")
     path = shakespeare_input(folder, input_path)  # may download into the folder
     return prepare_dataset([path], NAMED_DATASETS[name], name, out_dir, workers=workers, progress=progress)

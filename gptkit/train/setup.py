@@ -23,6 +23,7 @@ from gptkit import faults
 from gptkit import fused
 from gptkit import lora
 from gptkit import scoring
+from gptkit.chat import grow_vocabulary
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.device import enable_tf32, resolve_device, training_dtype
 from gptkit.errors import UserError
@@ -230,12 +231,15 @@ def init_model(model_cfg, cfg, meta, out_dir):
                 f"{cfg.dataset} has a {describe_vocab(meta['tokenizer'], meta['vocab_size'])} one: prepare it with --tokenizer gpt2"
             )
         model, tokenizer = load_base(init_from, dropout=model_cfg.dropout)
+        base = {"init_from": base_location(init_from), "fingerprint": lora.fingerprint(model)} if cfg.lora_rank else None
+        grown = "chat" in meta and model.config.vocab_size == meta["chat"]["turn_ids"]["<|system|>"]
+        if grown:
+            grow_vocabulary(model, meta["vocab_size"])  # room for the 4 turn tokens
         if ours is not None and (tokenizer != tokenizer_from_dict(meta["tokenizer"]).to_dict() or model.config.vocab_size != meta["vocab_size"]):
             raise UserError(
                 f"vocabulary mismatch: {init_from} was trained with a {describe_vocab(tokenizer, model.config.vocab_size)} "
                 f"vocabulary, but dataset {cfg.dataset} has a {describe_vocab(meta['tokenizer'], meta['vocab_size'])} one"
             )
-        base = {"init_from": base_location(init_from), "fingerprint": lora.fingerprint(model)} if cfg.lora_rank else None
         if model_cfg.block_size < model.config.block_size:
             model.crop_block_size(model_cfg.block_size)  # before LoRA: cropping makes a new (trainable) wpe
         if cfg.lora_rank:
@@ -243,6 +247,8 @@ def init_model(model_cfg, cfg, meta, out_dir):
             lora.check_rank(model, cfg.lora_rank, targets)  # before the adapters take any memory
             lora.apply(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, targets)
             model.lora_spec["base"] = base
+            if grown:  # the turn tokens' new rows must learn: the embedding trains too
+                lora.train_token_embedding(model)
         return model, model.config, None
     raise UserError(
         f"init_from={cfg.init_from!r} is not scratch, resume, {', '.join(HUB_NAMES)}, an existing folder or a checkpoint file"

@@ -1,0 +1,109 @@
+"""sample.py --chat: a conversation with a chat-trained model in the terminal.
+
+    python sample.py --out_dir=out-chat --chat
+    python sample.py --out_dir=out-chat --chat --system "You answer in one word." --temperature 0
+    printf 'what is 2+3?\nand 7+5?\n' | python sample.py --out_dir=out-chat --chat   # one reply a line
+
+Each user line joins the history as a turn of the template (gptkit/chat.py); the
+model is given the history and <|assistant|>, and its reply streams until it writes
+<|end|> (or any turn token, or max_new_tokens). When the history no longer fits the
+context window with room for a reply (min(max_new_tokens, block_size / 2) tokens),
+the oldest turns are dropped (the system message stays). Ctrl-D (end of input) leaves.
+"""
+
+import dataclasses
+import sys
+
+from gptkit.chat import TURN_TOKENS, prompt_ids, turn_ids
+from gptkit.errors import UserError
+from gptkit.generate import generate_samples
+
+
+@dataclasses.dataclass
+class Session:
+    """The model, its tokenizer and the conversation so far."""
+
+    model: object
+    tokenizer: object
+    system: str | None = None
+    history: list = dataclasses.field(default_factory=list)  # user and assistant messages, oldest first
+
+    def __post_init__(self):
+        base = self.tokenizer.vocab_size
+        if self.model.config.vocab_size != base + len(TURN_TOKENS):
+            raise UserError(
+                f"this model is not chat-trained: it has {self.model.config.vocab_size:,} token ids, its tokenizer "
+                f"{base:,}, and a chat model has the {len(TURN_TOKENS)} turn tokens after them; fine-tune it on a "
+                "chat dataset first (docs/chat.md)"
+            )
+        self.ids = turn_ids(base)
+        if self.system is not None:
+            self.tokenizer.encode(self.system)  # a character outside a char vocabulary fails now, in one line
+
+    def messages(self):
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return system + self.history
+
+    def prompt(self, room):
+        """The prompt for the next reply, the oldest turns dropped until it leaves `room` tokens free."""
+        block = self.model.config.block_size
+        while True:
+            ids = prompt_ids(self.messages(), self.tokenizer.encode, self.tokenizer.vocab_size)
+            if len(ids) + room <= block or len(self.history) <= 1:
+                break
+            self.history = self.history[2:] if self.history[0]["role"] == "user" and len(self.history) > 2 else self.history[1:]
+        if len(ids) >= block:
+            raise UserError(f"this message and the system prompt take {len(ids)} tokens, more than the model's "
+                            f"context of {block}: write a shorter one")
+        return ids
+
+
+def reply(session, text, cfg, device, on_text=None, turn=0):
+    """The model's answer to the user's `text` (streamed to on_text); both join the history."""
+    session.tokenizer.encode(text)  # unknown characters: a UserError before the history changes
+    session.history.append({"role": "user", "content": text})
+    block = session.model.config.block_size
+    room = max(1, min(cfg.max_new_tokens, block // 2))
+    try:
+        ids = session.prompt(room)
+    except UserError:
+        session.history.pop()
+        raise
+    stops = [*session.ids.values()] + ([session.tokenizer.eot_id] if session.tokenizer.eot_id is not None else [])
+    settings = dataclasses.replace(cfg, num_samples=1, stop=None, seed=cfg.seed + turn)
+    (answer,) = generate_samples(session.model, session.tokenizer, ids, settings, device, on_text=on_text,
+                                 stop_tokens=stops)
+    session.history.append({"role": "assistant", "content": answer})
+    return answer
+
+
+def talk(session, cfg, device, lines=sys.stdin, write=print):
+    """The conversation loop: in a terminal, a prompt and a streamed reply per line; from a
+    pipe or file, one reply a line on stdout and errors as for any command."""
+    interactive = lines.isatty()
+    if interactive:
+        print("chat: type a message and press Enter; Ctrl-D leaves", file=sys.stderr)
+    turn = 0
+    while True:
+        if interactive:
+            try:
+                text = input("> ")
+            except EOFError:
+                print(file=sys.stderr)
+                return 0
+        else:
+            text = lines.readline()
+            if not text:
+                return 0
+            text = text.rstrip("\n")
+        if not text.strip():
+            continue
+        try:
+            reply(session, text, cfg, device, on_text=write, turn=turn)
+        except UserError as e:
+            if not interactive:
+                raise
+            print(f"error: {e}", file=sys.stderr)  # in a terminal the conversation goes on
+            continue
+        write("\n")
+        turn += 1
