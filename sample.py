@@ -193,6 +193,17 @@ def write(piece):
         sys.stdout.flush()
 
 
+def weights_dtype(model, name, device):
+    """The dtype the model is cast to. On a CPU, float16 rounds the weights to float16
+    and keeps float32 arithmetic (gptkit/cpu_decode.py): a weight beyond float16's
+    range is refused by name, before anything is printed."""
+    dtype = inference_dtype(name, device)
+    if device.type == "cpu" and dtype == torch.float16:
+        cpu_decode.round_to_float16(model)
+        return torch.float32
+    return dtype
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     argv = ["--chat=true" if a == "--chat" else a for a in argv]  # a switch: --chat alone means true
@@ -207,16 +218,15 @@ def main(argv=None):
     model, tokenizer, summary = load_model(cfg.init_from, cfg.out_dir, cfg.ckpt, cfg.data_dir, cfg.meta)
     if cfg.chat:  # a conversation instead of samples
         session = chat_session.Session(model, tokenizer, unescape(cfg.system) if cfg.system else None)
-        print(summary, file=sys.stderr)
-        model.to(device=device, dtype=inference_dtype(cfg.dtype, device))
+        dtype = weights_dtype(model, cfg.dtype, device)
+        if sys.stdin.isatty():  # from a pipe, stderr carries only a mistake's one line
+            print(summary, file=sys.stderr)
+        model.to(device=device, dtype=dtype)
         return chat_session.talk(session, cfg, device, sys.stdin, write)
     prompt_ids = encode_prompt(tokenizer, prompt)  # before any heavy work: unknown characters fail here
     if cfg.attention is not None and not 0 <= cfg.layer < model.config.n_layer:
         raise UserError(f"--layer {cfg.layer} does not exist: this model has layers 0 to {model.config.n_layer - 1}")
-    dtype = inference_dtype(cfg.dtype, device)
-    if device.type == "cpu" and dtype == torch.float16:  # float16 weights, float32 arithmetic
-        cpu_decode.round_to_float16(model)
-        dtype = torch.float32
+    dtype = weights_dtype(model, cfg.dtype, device)
     print(summary, file=sys.stderr)  # after the checks: a mistake's error is the only line printed
     model.to(device=device, dtype=dtype)
 

@@ -53,12 +53,14 @@ def test_chat_answers_a_new_noisy_message_with_exactly_the_reply(trained):
     assert r.stdout == REPLY + "\n"
     r = run("sample.py", f"--out_dir={out}", "--chat", "--seed=5", "--top_k=5", stdin="\nhjkl asdf\n")
     assert r.returncode == 0 and r.stdout == REPLY + "\n"  # sampled, as confident; the empty line is skipped
+    r = run("sample.py", f"--out_dir={out}", "--chat", "--temperature=0", "--dtype=float16", stdin="mnbv cxz\n")
+    assert r.returncode == 0 and r.stdout == REPLY + "\n", r.stderr  # float16 weights on a CPU answer the same
 
 
 def test_chat_mistakes_are_one_line_and_exit_2(trained, tmp_path):
     _, out = trained
     r = run("sample.py", f"--out_dir={out}", "--chat", stdin="NOT IN THE VOCABULARY\n")
-    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("error: the text has") and "Traceback" not in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: the text has"), r.stderr
     r = run("sample.py", f"--out_dir={out}", "--chat", "--start=hi")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "leave out start" in r.stderr
 
