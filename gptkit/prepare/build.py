@@ -20,6 +20,7 @@ passes then read (and which is removed at the end, or by the next run if killed)
 
 import hashlib
 import json
+import contextlib
 import os
 import re
 import secrets
@@ -168,6 +169,28 @@ def check_name(name):
         raise UserError(f"dataset name {name!r} must be a plain folder name (letters, digits, _ . -)")
 
 
+
+@contextlib.contextmanager
+def locked_dataset_folder(folder):
+    """Hold the one-writer lock of a dataset folder (stale temporaries of a killed run
+    removed) while the body writes it. If the body fails, the folders the lock created
+    are removed again: a run that wrote nothing leaves no trace."""
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
+    lock = FolderLock(folder, "prepare.py", "use another --name").acquire()
+    try:
+        remove_stale_temps(folder)
+        yield
+    except BaseException:
+        lock.release()
+        if created:
+            (folder / LOCK_NAME).unlink(missing_ok=True)
+            for made in created:
+                if any(made.iterdir()):
+                    break
+                made.rmdir()
+        raise
+    lock.release()
+
 def prepare_dataset(
     inputs,
     tokenizer,
@@ -203,51 +226,39 @@ def prepare_dataset(
     if tokenizer == "gpt2":
         load_gpt2_encoding()  # here, in one process: offline without tiktoken's files is one clear line
 
-    created = [p for p in (folder, *folder.parents) if not p.exists()]  # made by the lock, removed on failure
-    lock = FolderLock(folder, "prepare.py", "use another --name").acquire()  # one writer per dataset folder
     tag = f"{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
     pool, copies = None, []
-    try:
-        remove_stale_temps(folder)
-        # A pipe or standard input can be read once; the passes below read the input two or
-        # three times, so such a stream is first copied (once) into the dataset folder.
-        sources, copies = spool_streams(sources, folder, tag)
-        total_bytes = sum(os.path.getsize(s.path) for s in sources)
-        if total_bytes < 2 * chunk_chars:
-            workers = 1  # starting processes would cost more than it saves
-        init = ("gpt2", None, dtype_for(GPT2_VOCAB_SIZE), GPT2_EOT_ID)
-        pool = None if tokenizer == "bpe" else make_pool(workers, ("charset",) if tokenizer == "char" else init)
-        with progress_bar(progress, total_bytes, "scan") as bar:
-            scan = scan_inputs(sources, errors, tokenizer == "char", pool, workers, bar)
-        rule, make_segments = plan_split(scan, val_fraction, shown)
-        if tokenizer == "bpe":
-            if bpe is None:
-                bpe = train_on_train_split(sources, errors, make_segments, vocab_size, chunk_chars, progress, total_bytes)
-            vocab_size = bpe.vocab_size
-            pool = make_pool(workers, ("bpe", None, dtype_for(vocab_size), bpe.eot_id, bpe.to_json()))
-        elif tokenizer == "char":  # the encoders need the vocabulary: start them afresh
-            if pool is not None:
-                stop_pool(pool)
-            vocab_size = len(scan.chars)
-            pool = make_pool(workers, ("char", scan.chars, dtype_for(vocab_size), None))
-        else:
-            vocab_size = GPT2_VOCAB_SIZE
-        with progress_bar(progress, total_bytes, "tokenize") as bar:
-            meta = write_dataset(
-                folder, make_segments, sources, errors, tokenizer, scan, rule, pool, workers, chunk_chars, bar, bpe
-            )
-    except BaseException:
-        _clean_up(pool, copies)
-        lock.release()
-        if created:
-            (folder / LOCK_NAME).unlink(missing_ok=True)
-            for made in created:  # leave no trace of a run that wrote nothing
-                if any(made.iterdir()):
-                    break
-                made.rmdir()
-        raise
-    _clean_up(pool, copies)
-    lock.release()
+    with locked_dataset_folder(folder):  # one writer per dataset folder
+        try:
+            # A pipe or standard input can be read once; the passes below read the input two or
+            # three times, so such a stream is first copied (once) into the dataset folder.
+            sources, copies = spool_streams(sources, folder, tag)
+            total_bytes = sum(os.path.getsize(s.path) for s in sources)
+            if total_bytes < 2 * chunk_chars:
+                workers = 1  # starting processes would cost more than it saves
+            init = ("gpt2", None, dtype_for(GPT2_VOCAB_SIZE), GPT2_EOT_ID)
+            pool = None if tokenizer == "bpe" else make_pool(workers, ("charset",) if tokenizer == "char" else init)
+            with progress_bar(progress, total_bytes, "scan") as bar:
+                scan = scan_inputs(sources, errors, tokenizer == "char", pool, workers, bar)
+            rule, make_segments = plan_split(scan, val_fraction, shown)
+            if tokenizer == "bpe":
+                if bpe is None:
+                    bpe = train_on_train_split(sources, errors, make_segments, vocab_size, chunk_chars, progress, total_bytes)
+                vocab_size = bpe.vocab_size
+                pool = make_pool(workers, ("bpe", None, dtype_for(vocab_size), bpe.eot_id, bpe.to_json()))
+            elif tokenizer == "char":  # the encoders need the vocabulary: start them afresh
+                if pool is not None:
+                    stop_pool(pool)
+                vocab_size = len(scan.chars)
+                pool = make_pool(workers, ("char", scan.chars, dtype_for(vocab_size), None))
+            else:
+                vocab_size = GPT2_VOCAB_SIZE
+            with progress_bar(progress, total_bytes, "tokenize") as bar:
+                meta = write_dataset(
+                    folder, make_segments, sources, errors, tokenizer, scan, rule, pool, workers, chunk_chars, bar, bpe
+                )
+        finally:
+            _clean_up(pool, copies)
     if progress:
         n = meta["num_tokens"]
         print(

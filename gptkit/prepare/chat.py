@@ -24,7 +24,6 @@ import numpy as np
 from gptkit.atomic import fsync_dir, publish
 from gptkit.chat import TEMPLATE, TURN_TOKENS, encode_records, read_messages, turn_ids
 from gptkit.errors import UserError
-from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
 from gptkit.paths import TEMP_MARK, claim_output
 from gptkit.prepare.encode import dtype_for
 from gptkit.tokenizer import BPE_FILE, CharTokenizer, GPT2Tokenizer
@@ -168,7 +167,7 @@ def write_text(path, text):
 def prepare_chat(inputs, kind, name, out_dir="data", val_fraction=0.1, errors="strict", block_size=None,
                  vocab_size=None, tokenizer_from=None, progress=True):
     """prepare.py --format chat: check the settings, claim and lock out_dir/name, write; the folder."""
-    from gptkit.prepare.build import TOKENIZERS, check_bpe_settings, check_name
+    from gptkit.prepare.build import TOKENIZERS, check_bpe_settings, check_name, locked_dataset_folder
 
     if kind not in TOKENIZERS:
         raise UserError(f"unknown tokenizer {kind!r}: choose one of {', '.join(TOKENIZERS)}")
@@ -179,19 +178,6 @@ def prepare_chat(inputs, kind, name, out_dir="data", val_fraction=0.1, errors="s
     if block_size is not None and block_size < 1:
         raise UserError(f"--block_size must be at least 1, got {block_size}")
     folder = claim_output(Path(out_dir) / name, "folder", overwrite=True, what="the dataset folder (--data_dir/--name)")
-    created = [p for p in (folder, *folder.parents) if not p.exists()]
-    lock = FolderLock(folder, "prepare.py", "use another --name").acquire()
-    try:
-        remove_stale_temps(folder)
+    with locked_dataset_folder(folder):
         prepare_chat_dataset(inputs, kind, folder, val_fraction, errors, block_size, vocab_size, bpe, progress)
-    except BaseException:
-        lock.release()
-        if created:
-            (folder / LOCK_NAME).unlink(missing_ok=True)
-            for made in created:  # leave no trace of a run that wrote nothing
-                if any(made.iterdir()):
-                    break
-                made.rmdir()
-        raise
-    lock.release()
     return folder
