@@ -230,11 +230,12 @@ class NonFinite(Exception):
 class Step:
     """What every optimizer step works on, set up once by `run`."""
 
-    model: "Forward"  # what the step calls: the raw model (inside DDP) through torch.compile
+    model: "Forward"  # what the step calls: the raw model (inside DDP) through torch.compile;
+    # on a chat dataset chat_batches.TargetOnlyLoss around it (the replies' loss only)
     raw_model: torch.nn.Module  # its parameters, for the gradient norm
     optimizers: list  # [AdamW] or [AdamW, Muon]
     scaler: torch.amp.GradScaler  # float16 loss scaling; the identity otherwise
-    batches: dataset.Batches  # each iteration's global batch, as micro-batches
+    batches: dataset.Batches  # each iteration's global batch, as micro-batches (or ChatBatches)
     autocast: object  # the mixed-precision context (none in float32)
     dist: distributed.Dist  # this rank, and how many there are
     grad_clip: float  # the gradient norm's limit; 0 = no clipping
