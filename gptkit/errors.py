@@ -20,12 +20,14 @@ its documentation.
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
+QUIET_RANK_WAIT_S = 10  # a rank that leaves an error every rank makes to rank 0 waits this long at most
 
 
 def first_line(error, limit=300):
@@ -110,10 +112,17 @@ def run_main(main, argv=None):
         rank = _rank()
         if rank != 0 and not getattr(e, "same_on_every_rank", False):
             message = f"error on rank {rank}: {e}"
-        if rank == 0 or not getattr(e, "same_on_every_rank", False):
+        quiet = rank != 0 and getattr(e, "same_on_every_rank", False)
+        if not quiet:
             print(message, file=sys.stderr)
         _tell_torchrun(message)
         code = EXIT_USER_ERROR if isinstance(e, UserError) else EXIT_FAILED
+        if quiet:
+            # Let rank 0 print it: torchrun ends every worker as soon as one exits, and a
+            # quiet rank that left first would take rank 0's message with it. Rank 0 meets
+            # the same error in about the same time; torchrun ends this wait when it exits.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # its SIGTERM ends the wait at once
+            time.sleep(QUIET_RANK_WAIT_S)
     except PeerFailed:
         code = EXIT_FAILED
     except (MemoryError, RuntimeError) as e:
