@@ -151,9 +151,9 @@ def test_sample_py_prints_the_same_text_with_and_without_the_numpy_step(tmp_path
         default = sample(path, *options)
         assert default == sample(path, *options, "--cpu_decode", "false")
         assert len(default) > 100
-        # float16 weights: the float16 products give model.py's text on the rounded weights
-        half = sample(path, *options, "--dtype", "float16")
-        assert half == sample(path, *options, "--dtype", "float16", "--cpu_decode", "false")
+    # float16 weights: the float16 products give model.py's text on the rounded weights
+    half = sample(path, *options, "--dtype", "float16")
+    assert half == sample(path, *options, "--dtype", "float16", "--cpu_decode", "false")
 
 
 def test_sample_py_float16_names_a_weight_beyond_its_range_in_one_line(tmp_path):
