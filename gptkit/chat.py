@@ -155,14 +155,6 @@ def encode_records(records, encode, base_vocab_size, block_size=None, errors="ra
     return conversations, skipped
 
 
-def read_conversations(path, encode, base_vocab_size, block_size, errors="raise"):
-    """Every conversation under `path` as (ids, mask), and the number skipped (see
-    read_messages and encode_records for what is checked)."""
-    records, bad = read_messages(path, errors)
-    conversations, long = encode_records(records, encode, base_vocab_size, block_size, errors)
-    return conversations, bad + long
-
-
 def grow_vocabulary(model, vocab_size):
     """Give a trained model rows for the turn tokens, ids past its vocabulary: each new
     row of the token embedding (and of an untied output layer) is the mean of the

@@ -1,5 +1,5 @@
 """Chat training: packing whole conversations into windows, the batches train.py reads,
-the exact target-only loss, its evaluation, and room for the turn tokens in a trained model.
+the exact target-only loss and its evaluation (the turn tokens' rows: gptkit/chat.py).
 
 Packing: best-fit (as nanochat's): conversations longest first, each into the open
 window with the least room that still holds it, else a new window; a window is

@@ -14,7 +14,7 @@ the oldest turns are dropped (the system message stays). Ctrl-D (end of input) l
 import dataclasses
 import sys
 
-from gptkit.chat import TURN_TOKENS, prompt_ids, turn_ids
+from gptkit.chat import TURN_TOKENS, chat_vocabulary, prompt_ids
 from gptkit.errors import UserError
 from gptkit.generate import generate_samples
 
@@ -30,13 +30,13 @@ class Session:
 
     def __post_init__(self):
         base = self.tokenizer.vocab_size
-        if self.model.config.vocab_size != base + len(TURN_TOKENS):
+        self.ids = chat_vocabulary(self.model.config.vocab_size, base)  # the turn ids; None: not chat
+        if self.ids is None:
             raise UserError(
                 f"this model is not chat-trained: it has {self.model.config.vocab_size:,} token ids, its tokenizer "
                 f"{base:,}, and a chat model has the {len(TURN_TOKENS)} turn tokens after them; fine-tune it on a "
                 "chat dataset first (docs/chat.md)"
             )
-        self.ids = turn_ids(base)
         if self.system is not None:
             self.tokenizer.encode(self.system)  # a character outside a char vocabulary fails now, in one line
 

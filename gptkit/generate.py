@@ -31,6 +31,11 @@ def held_back(text, stop):
     return 0
 
 
+def end_of_text(tokenizer):
+    """The tokens that end a sample by default: the tokenizer's end of text, if it has one."""
+    return [] if tokenizer.eot_id is None else [tokenizer.eot_id]
+
+
 class TextStream:
     """One sample's text, built token by token.
 
@@ -41,9 +46,7 @@ class TextStream:
 
     def __init__(self, tokenizer, stop=None, stop_tokens=None):
         self.tokenizer, self.stop = tokenizer, stop
-        if stop_tokens is None:
-            stop_tokens = [] if tokenizer.eot_id is None else [tokenizer.eot_id]
-        self.stop_tokens = set(stop_tokens)
+        self.stop_tokens = set(end_of_text(tokenizer) if stop_tokens is None else stop_tokens)
         self.pending = []  # tokens not yet turned into text
         self.text = ""
         self.shown = 0  # how much of text take_new() has handed out
@@ -158,7 +161,7 @@ def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None, st
     ends at one of `stop_tokens` (default: the tokenizer's end of text, if it has one),
     which is not part of its text."""
     if stop_tokens is None:
-        stop_tokens = [] if tokenizer.eot_id is None else [tokenizer.eot_id]
+        stop_tokens = end_of_text(tokenizer)
     generator = torch.Generator(device=device)
     generator.manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)  # (B, T)

@@ -4,11 +4,18 @@ import json
 
 import pytest
 
-from gptkit.chat import encode_conversation, prompt_ids, read_conversations, turn_ids
+from gptkit.chat import encode_conversation, encode_records, prompt_ids, read_messages, turn_ids
 from gptkit.errors import UserError
 from gptkit.tokenizer import GPT2_VOCAB_SIZE, CharTokenizer, GPT2Tokenizer
 
 CHARS = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz <|>?!0123456789é")))
+
+
+def read_conversations(path, encode, base_vocab_size, block_size, errors="raise"):
+    """What prepare.py --format chat reads: each conversation's (ids, mask), and how many were skipped."""
+    records, bad = read_messages(path, errors)
+    conversations, long = encode_records(records, encode, base_vocab_size, block_size, errors)
+    return conversations, bad + long
 
 
 def encode_char(text):
