@@ -58,6 +58,28 @@ def fingerprint(meta):
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+def write_synced(path, text):
+    """Write `text` to the temporary `path` and flush it to the disk."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def commit_dataset(folder, tmp, names, kind):
+    """Publish the temporaries tmp[name] of a new dataset as folder/name. A dataset is
+    complete only when meta.json exists, so the old one goes first: a kill between the
+    renames leaves files without meta.json (nothing that looks valid), never new files
+    beside an old meta.json."""
+    (folder / "meta.json").unlink(missing_ok=True)
+    if kind != "bpe":
+        (folder / BPE_FILE).unlink(missing_ok=True)  # an earlier BPE dataset's: no longer described
+    fsync_dir(folder)
+    for name in names:
+        publish(tmp[name], folder / name)  # replaces the previous dataset's file
+    fsync_dir(folder)
+
+
 def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool, workers, chunk_chars, bar, bpe=None):
     """Pass 2: tokenize into temporary bins, then rename train.bin, val.bin (tokenizer.json)
     and meta.json into place. `bpe` is the BPETokenizer when kind is 'bpe'."""
@@ -105,10 +127,7 @@ def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool
         tokenizer = {"type": "char", "chars": scan.chars} if kind == "char" else {"type": "gpt2"}
         if kind == "bpe":
             tokenizer = bpe.describe()  # the tokenizer itself goes in tokenizer.json, pinned by its sha256
-            with open(tmp[BPE_FILE], "w", encoding="ascii") as f:
-                f.write(bpe.to_json())
-                f.flush()
-                os.fsync(f.fileno())
+            write_synced(tmp[BPE_FILE], bpe.to_json())
         meta = {
             "format_version": FORMAT_VERSION,
             "tokenizer": tokenizer,
@@ -120,20 +139,8 @@ def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool
             "split": rule,
         }
         meta["fingerprint"] = fingerprint(meta)
-        with open(tmp["meta.json"], "w", encoding="utf-8") as f:
-            f.write(meta_json(meta))
-            f.flush()
-            os.fsync(f.fileno())
-        # Commit. A dataset is complete only when meta.json exists, so the old one goes
-        # first: a kill between the renames below leaves bins without meta.json (nothing
-        # that looks valid), never new bins beside an old meta.json.
-        (folder / "meta.json").unlink(missing_ok=True)
-        if kind != "bpe":
-            (folder / BPE_FILE).unlink(missing_ok=True)  # an earlier BPE dataset's: no longer described
-        fsync_dir(folder)
-        for name in names:
-            publish(tmp[name], folder / name)  # replaces the previous dataset's file
-        fsync_dir(folder)
+        write_synced(tmp["meta.json"], meta_json(meta))
+        commit_dataset(folder, tmp, names, kind)
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit.atomic import fsync_dir, publish
 from gptkit.chat import TEMPLATE, TURN_TOKENS, encode_records, read_messages, turn_ids
 from gptkit.errors import UserError
 from gptkit.paths import TEMP_MARK, claim_output
@@ -67,7 +66,7 @@ def pack_split(conversations):
 def prepare_chat_dataset(inputs, kind, folder, val_fraction, errors, block_size, vocab_size, bpe, progress):
     """Read, check, tokenize and write a chat dataset into `folder` (claimed by the
     caller); returns its meta. A bad line raises before anything is written."""
-    from gptkit.prepare.build import FORMAT_VERSION, fingerprint, meta_json
+    from gptkit.prepare.build import FORMAT_VERSION, commit_dataset, fingerprint, meta_json, write_synced
 
     if errors not in ERRORS:
         raise UserError(f"--errors with --format chat must be strict or skip, got {errors!r}")
@@ -101,7 +100,7 @@ def prepare_chat_dataset(inputs, kind, folder, val_fraction, errors, block_size,
             write_array(tmp[f"{split}.bin"], np.asarray(ids, dtype=dtype))
             write_array(tmp[f"{split}_mask.bin"], np.asarray(mask, dtype=np.uint8))
         if kind == "bpe":
-            write_text(tmp[BPE_FILE], tokenizer.to_json())
+            write_synced(tmp[BPE_FILE], tokenizer.to_json())
         meta = {
             "format_version": FORMAT_VERSION,
             "tokenizer": tokenizer.describe() if kind == "bpe" else tokenizer.to_dict(),
@@ -120,14 +119,8 @@ def prepare_chat_dataset(inputs, kind, folder, val_fraction, errors, block_size,
             },
         }
         meta["fingerprint"] = fingerprint(meta | {"sources": [{"sha256": digest(encoded)}]})
-        write_text(tmp["meta.json"], meta_json(meta))
-        (folder / "meta.json").unlink(missing_ok=True)  # the old dataset is incomplete from here on
-        if kind != "bpe":
-            (folder / BPE_FILE).unlink(missing_ok=True)
-        fsync_dir(folder)
-        for name in names:
-            publish(tmp[name], folder / name)
-        fsync_dir(folder)
+        write_synced(tmp["meta.json"], meta_json(meta))
+        commit_dataset(folder, tmp, names, kind)
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)
@@ -153,13 +146,6 @@ def digest(encoded):
 def write_array(path, array):
     with open(path, "wb") as f:
         f.write(array.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def write_text(path, text):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
         f.flush()
         os.fsync(f.fileno())
 
