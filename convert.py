@@ -17,7 +17,7 @@ with QK-norm); other architectures are an error naming the settings that do not 
 (gptkit/interop/gguf_export.py; docs/gguf.md shows how to run the file).
 
 --to pt turns the sharded checkpoint of an FSDP run (OUT_DIR/ckpt/) into one
-ckpt.pt file, which any run resumes and sample.py reads (gptkit/train/sharded.py).
+ckpt.pt file, which any run resumes and sample.py reads (gptkit/train/sharded.py; the format: gptkit/sharded.py).
 """
 
 import argparse

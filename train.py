@@ -20,7 +20,7 @@ Reading order: `train_step` is one optimizer step (nanoGPT's loop body). It and 
 it calls (Step, Forward, clip_gradients, set_lr, NonFinite) are in this file, using
 only torch, model.py, the batch reader (gptkit/dataset.py's Batches) and the optimizers.
 `run` sets up in a few named calls (gptkit/train/setup.py) and holds the loop, which
-assigns every field of the one RunState it carries (gptkit/train/run_state.py);
+assigns every field of the one RunState it carries (gptkit/run_state.py);
 gptkit/train/checkpointer.py saves it, gptkit/train/logger.py logs it. Which module
 to read and which to skip: docs/layout.md.
 """
@@ -52,7 +52,7 @@ from gptkit.train import setup
 from gptkit.train.checkpointer import Checkpointer
 from gptkit.train.mfu import estimate_mfu, measure_peak
 from gptkit.train.out_dir import OutDir
-from gptkit.train.run_state import RunState, provenance
+from gptkit.run_state import RunState, provenance
 from gptkit.train.setup import check_batch_sizes, check_world_size, embedding_heavy_note
 from model import GPTConfig
 

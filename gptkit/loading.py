@@ -48,7 +48,7 @@ def find_checkpoint(out_dir, ckpt=None):
         if (folder / name).is_file():
             return folder / name
     if any((folder / name).is_dir() for name in ("ckpt", ".ckpt.old")) or (folder / ".metadata").is_file():
-        from gptkit.train import sharded  # torch.distributed: imported for FSDP runs only
+        from gptkit import sharded  # torch.distributed: imported for FSDP runs only
 
         found = folder if sharded.is_complete(folder) else sharded.find(folder)
         if found is not None:
@@ -61,7 +61,7 @@ def find_checkpoint(out_dir, ckpt=None):
 
 def read_checkpoint(path):
     """The checkpoint dict at `path`: a one-file checkpoint, or an FSDP run's sharded
-    folder read as resume reads it (gptkit/train/sharded.py)."""
+    folder's weights, checked as resume checks it (gptkit/sharded.py)."""
     path = Path(path)
     try:
         path.stat()
@@ -70,11 +70,11 @@ def read_checkpoint(path):
     except OSError as e:
         raise UserError(f"cannot read checkpoint {shown(path)}: {e.strerror}")
     if path.is_dir():
-        from gptkit.train import sharded
+        from gptkit import sharded
 
         if not sharded.is_complete(path):
             raise UserError(f"{path} is a folder, not a checkpoint: give a .pt file, a run's out_dir or its ckpt/ folder")
-        return sharded.read_as_single(path)
+        return sharded.read_weights(path)
     return load_checkpoint(path, map_location="cpu")  # UserError for a missing, damaged or unsafe file
 
 

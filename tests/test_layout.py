@@ -164,12 +164,12 @@ def test_the_training_step_calls_nothing_from_gptkit():
 
 def test_run_state_is_assigned_only_by_the_loop_and_its_own_methods():
     """Every change to the loop's state is visible in train.py's loop or in RunState's
-    methods (gptkit/train/run_state.py): the checkpointer and the logger only read it.
+    methods (gptkit/run_state.py): the checkpointer and the logger only read it.
     (Another class's own attribute of the same name, self.iter_num, is its own.)"""
-    from gptkit.train.run_state import RunState
+    from gptkit.run_state import RunState
 
     fields = {f.name for f in dataclasses.fields(RunState)}
-    allowed = {REPO / "train.py", REPO / "gptkit" / "train" / "run_state.py"}
+    allowed = {REPO / "train.py", REPO / "gptkit" / "run_state.py"}
     paths = [REPO / name for name in sorted(ROOT_SCRIPTS)] + sorted((REPO / "gptkit").rglob("*.py"))
     problems = []
     for path in paths:

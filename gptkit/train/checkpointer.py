@@ -25,7 +25,7 @@ from gptkit.checkpoint import save_checkpoint
 from gptkit.errors import PeerFailed, RunFailed
 from gptkit.train import distributed
 from gptkit.train import sharded
-from gptkit.train.run_state import rng_state
+from gptkit.run_state import rng_state
 
 
 class Checkpointer:

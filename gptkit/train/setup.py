@@ -34,7 +34,7 @@ from gptkit.train import distributed
 from gptkit.train import fsdp
 from gptkit.train import optim
 from gptkit.train import sharded
-from gptkit.train.run_state import RunState, check_loop_state, set_rng_state
+from gptkit.run_state import RunState, check_loop_state, set_rng_state
 from model import GPT, GPTConfig
 
 FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches

@@ -385,7 +385,7 @@ def test_the_eta_follows_the_mean_of_recent_steps_not_the_last_one():
     from types import SimpleNamespace
 
     from gptkit.train import logger
-    from gptkit.train.run_state import RunState
+    from gptkit.run_state import RunState
 
     cfg = SimpleNamespace(out_dir="unused", log_interval=1, max_iters=1000, wandb_log=False, init_from="scratch",
                           progress_bar=False)

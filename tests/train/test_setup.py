@@ -45,7 +45,7 @@ def test_loop_state_checks_accept_what_runs_save_and_name_what_is_wrong():
     import pytest
 
     from gptkit.errors import UserError
-    from gptkit.train.run_state import check_loop_state, rng_state
+    from gptkit.run_state import check_loop_state, rng_state
 
     rng = rng_state("cpu")
     good = {"iter_num": 5, "best_val_loss": float("inf"), "val_loss": 2.5, "last_eval_iter": -1, "train_time_s": 3,
