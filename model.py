@@ -479,6 +479,29 @@ class GPT(nn.Module):
                 block.attn.rope_cos = block.attn.rope_cos[:block_size]
                 block.attn.rope_sin = block.attn.rope_sin[:block_size]
 
+    @torch.no_grad()
+    def grow_vocab(self, vocab_size):
+        """Give a trained model rows for new token ids past its vocabulary (a chat
+        dataset's turn tokens): each new row of the token embedding (and of an untied
+        output layer) is the mean of the trained rows, an "average token" (Hewitt 2021,
+        "Initializing new word embeddings for pretrained language models"), so the new
+        ids start near the average probability and the old ids' predictions barely move."""
+        old, c = self.config.vocab_size, self.config
+        if vocab_size < old:
+            raise ValueError(f"cannot shrink a vocabulary of {old} to {vocab_size}")
+        c.vocab_size = vocab_size  # this model's own config, as crop_block_size edits it
+
+        def grown(weight):  # (padded vocab, C): the old rows, then their mean
+            rows = weight.new_empty(c.padded_vocab_size, weight.shape[1])
+            rows[:old], rows[old:] = weight[:old], weight[:old].mean(dim=0)
+            return nn.Parameter(rows)
+
+        self.lm_head.weight = grown(self.lm_head.weight)
+        self.lm_head.out_features = c.padded_vocab_size
+        wte = self.transformer.wte
+        wte.weight = self.lm_head.weight if c.tie_embeddings else grown(wte.weight)
+        wte.num_embeddings = c.padded_vocab_size
+
     def next_token_logits(self, idx, cache=None):
         """Logits (B, vocab_size) for the token after the last of idx (B, T).
 

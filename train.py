@@ -16,56 +16,40 @@ peak, or on a CPU the best fp32 matmul rate measured on this machine (cached in
 ~/.cache/gptkit/cpu_peak.json; see gptkit/train/mfu.py).
 Run `python train.py --help` for every setting.
 
-Reading order: `train_step` is one optimizer step (nanoGPT's loop body). It and what
-it calls (Step, Forward, clip_gradients, set_lr, NonFinite) are in this file, using
-only torch, model.py, the batch reader (gptkit/dataset.py's Batches) and the optimizers.
-`run` sets up in a few named calls (gptkit/train/setup.py) and holds the loop, which
-assigns every field of the one RunState it carries (gptkit/run_state.py);
-gptkit/train/checkpointer.py saves it, gptkit/train/logger.py logs it. Which module
-to read and which to skip: docs/layout.md.
+Reading order: `train_step` is one optimizer step (nanoGPT's loop body), the same for
+text and chat data (only the batch reader differs). It and what it calls are in this
+file, using only torch, model.py, the batches and the optimizers. `run` sets up in a
+few named calls (gptkit/train/setup.py) and holds the loop, which assigns every field
+of its RunState (gptkit/run_state.py). Which module to read: docs/layout.md.
 """
 
 import dataclasses
 import json
 import math
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed
 
-from gptkit import chat_batches
 from gptkit import dataset
-from gptkit import fused
-from gptkit import lora
 from gptkit import scoring
 from gptkit.checkpoint import write_text_atomic
-from gptkit.config import choice_problems, parse_settings, setting, settings_dict
-from gptkit.device import DTYPES, resolve_device
+from gptkit.config import parse_settings, setting
+from gptkit.device import resolve_device
 from gptkit.errors import PeerFailed, UserError, first_line, run_main, same_on_every_rank
 from gptkit.train import distributed
 from gptkit.train import logger
 from gptkit.train import optim
+from gptkit.train import settings
 from gptkit.train import setup
-from gptkit.train.checkpointer import Checkpointer
-from gptkit.train.mfu import estimate_mfu, measure_peak
+from gptkit.train.checkpointer import Checkpointer, run_info
 from gptkit.train.out_dir import OutDir
-from gptkit.run_state import RunState, provenance
-from gptkit.train.setup import check_batch_sizes, check_world_size, embedding_heavy_note
+from gptkit.train.settings import MAX_SEED
 from model import GPTConfig
 
 EVAL_STOP_CHECK = 4  # evaluation rounds between agreeing on a stop signal
-MAX_SEED = 2**32 - 1 - 4096  # numpy seeds stop at 2**32 - 1, and each rank adds its rank
-CHOICES = {
-    "lr_schedule": ("cosine", "constant", "wsd"),
-    "optimizer": ("adamw", "muon"),
-    "dtype": ("auto", *DTYPES),
-    "backend": ("auto", "nccl", "gloo"),
-    "parallel": ("ddp", "fsdp"),
-    "cpu_kernels": ("fused", "model"),
-}
 
 
 @dataclasses.dataclass
@@ -151,75 +135,7 @@ class TrainConfig:
     seed: int = setting(1337, f"random seed (weights, dropout, data order), 0 to {MAX_SEED}")
 
     def __post_init__(self):
-        problems = choice_problems(self, CHOICES)
-        compile_ = str(self.compile).lower()
-        if compile_ not in ("auto", "true", "false", "1", "0"):
-            problems.append(f"compile={self.compile!r} must be auto, true or false")
-        else:
-            self.compile = {"1": "true", "0": "false"}.get(compile_, compile_)
-        for name in ("eval_interval", "log_interval", "gradient_accumulation_steps", "batch_size",
-                     "muon_ns_steps"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}={getattr(self, name)} must be at least 1")
-        if self.lr_decay_iters is None:
-            self.lr_decay_iters = self.max_iters  # the schedule follows max_iters
-        for name in ("eval_iters", "max_iters", "warmup_iters", "lr_decay_iters"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name}={getattr(self, name)} must not be negative")
-        for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "muon_lr"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                problems.append(f"{name}={value} must be a finite number, not negative")
-        for name in ("beta1", "beta2", "muon_momentum"):
-            if not 0 <= getattr(self, name) < 1:
-                problems.append(f"{name}={getattr(self, name)} must be in [0, 1)")
-        if not 0 <= self.seed <= MAX_SEED:
-            problems.append(f"seed={self.seed} must be between 0 and {MAX_SEED}")
-        decays = self.decay_lr and self.lr_schedule != "constant"
-        if decays and self.min_lr == 0 and self.lr_decay_iters < self.max_iters:
-            problems.append(
-                f"lr_decay_iters={self.lr_decay_iters} < max_iters={self.max_iters} with min_lr=0: "
-                f"steps {self.lr_decay_iters} to {self.max_iters - 1} would train at learning rate "
-                "0; leave lr_decay_iters unset (it follows max_iters), or set min_lr > 0"
-            )
-        if not 0 <= self.cooldown_frac <= 1:
-            problems.append(f"cooldown_frac={self.cooldown_frac} must be in [0, 1]")
-        if not self.init_from:
-            problems.append("init_from must not be empty")
-        problems += self._lora_problems()
-        if problems:
-            raise ValueError("invalid training settings: " + "; ".join(problems))
-
-    def _lora_problems(self):
-        problems = []
-        if self.lora_rank < 0:
-            problems.append(f"lora_rank={self.lora_rank} must not be negative (0 = no LoRA)")
-        if self.lora_alpha is None and self.lora_rank > 0:
-            self.lora_alpha = float(self.lora_rank)  # scale 1
-        elif self.lora_alpha is not None and not 0 < self.lora_alpha < math.inf:  # NaN too
-            problems.append(f"lora_alpha={self.lora_alpha} must be a positive number "
-                            "(or none: the rank)")
-        if not 0 <= self.lora_dropout < 1:
-            problems.append(f"lora_dropout={self.lora_dropout} must be in [0, 1)")
-        try:
-            lora.parse_targets(self.lora_targets)
-        except ValueError as e:
-            problems.append(str(e))
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        adapter_settings = ("lora_alpha", "lora_dropout", "lora_targets")
-        lone = [f"{name}={getattr(self, name)!r}" for name in adapter_settings
-                if self.lora_rank == 0 and getattr(self, name) != defaults[name]]
-        if lone and self.init_from != "resume":  # resuming keeps the rank; lora_dropout applies
-            problems.append(f"{', '.join(lone)} without lora_rank: LoRA is off (lora_rank=0), so "
-                            "every weight would train; set --lora_rank=R (e.g. 8) for adapters, or "
-                            "leave out the LoRA settings")
-        if self.lora_rank > 0 and self.init_from == "scratch":
-            problems.append("lora_rank > 0 adapts a trained model: set --init_from=gpt2 (or a "
-                            "Hugging Face folder or a checkpoint file)")
-        if self.lora_rank > 0 and self.optimizer == "muon":
-            problems.append("LoRA adapters train with AdamW (as in the LoRA paper and peft): use "
-                            "--optimizer=adamw with lora_rank > 0")
-        return problems
+        settings.check(self)  # every problem at once, in one ValueError (gptkit/train/settings.py)
 
 
 class NonFinite(Exception):
@@ -230,8 +146,7 @@ class NonFinite(Exception):
 class Step:
     """What every optimizer step works on, set up once by `run`."""
 
-    model: "Forward"  # what the step calls: the raw model (inside DDP) through torch.compile;
-    # on a chat dataset chat_batches.TargetOnlyLoss around it (the replies' loss only)
+    model: "Forward"  # what the step calls: the raw model (inside DDP) through torch.compile
     raw_model: torch.nn.Module  # its parameters, for the gradient norm
     optimizers: list  # [AdamW] or [AdamW, Muon]
     scaler: torch.amp.GradScaler  # float16 loss scaling; the identity otherwise
@@ -249,6 +164,10 @@ def train_step(step, it, lr_scale, stop):
     model, scaler, optimizers = step.model, step.scaler, step.optimizers
     batches, dist = step.batches, step.dist
     local_accum = batches.per_rank(dist.world_size)
+    # The step's loss is the mean over every target of the global batch (a chat window's
+    # replies, every token of a text): each micro-batch's mean is weighted by its share of
+    # them, times the ranks (DDP and FSDP average the ranks' gradients). Text: 1 / local_accum.
+    targets_per_rank = batches.targets(it) / dist.world_size
     loss_sum = torch.zeros((), device=batches.device)
     for micro, (x, y) in enumerate(batches.micro_batches(it, dist.rank, dist.world_size)):
         # DDP averages the gradients across ranks in backward: only the last micro-step's needs to
@@ -256,9 +175,9 @@ def train_step(step, it, lr_scale, stop):
         with step.autocast:
             # Only the loss: logits bound to a name (`_, loss = ...`) would stay in memory,
             # (B, T, vocab_size) of them, through backward and the next micro-step's forward.
-            loss = model(x, y)[1]
+            loss = model(x, y)[1] / (targets_per_rank / (y >= 0).sum())  # y = -1: not a target
         loss_sum += loss.detach().float()
-        scaler.scale(loss / local_accum).backward()  # float16: scaled up so small gradients survive
+        scaler.scale(loss).backward()  # float16: scaled up so small gradients survive
     for opt in optimizers:
         scaler.unscale_(opt)  # the true gradients, for clipping
     grad_norm = clip_gradients(step.raw_model, step.grad_clip)
@@ -270,7 +189,7 @@ def train_step(step, it, lr_scale, stop):
     if dist.enabled:
         torch.distributed.all_reduce(totals, op=torch.distributed.ReduceOp.SUM)
     loss_total, norm_total, stops = totals.tolist()
-    loss, grad_norm = loss_total / batches.accumulation, norm_total / dist.world_size
+    loss, grad_norm = loss_total / dist.world_size, norm_total / dist.world_size
     if not math.isfinite(loss) or (not math.isfinite(grad_norm) and not scaler.is_enabled()):
         what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {grad_norm}"
         raise NonFinite(f"the training {what} at iteration {it}; stopped before the optimizer step")
@@ -368,28 +287,25 @@ class Forward:
 
 @torch.no_grad()
 def evaluate(model, plan, stop, progress):
-    """Loss and bits per byte (gptkit.scoring.Score) of each split over the plan's windows.
+    """Loss and bits per byte (gptkit.scoring.Score) of each split over the plan's batches
+    (a text's windows or a chat split's replies: the reader's eval_plan made it).
 
     Returns None if a stop signal arrives on any rank first: the ranks agree on it
     every few batches, so Ctrl-C during a long evaluation acts within seconds."""
     model.eval()
     out = {}
     try:
-        for split, windows in plan.windows.items():
-            def between_batches(done, total, split=split):
-                progress.update(split, done, total)
-                due = done % EVAL_STOP_CHECK == 0 or done == total
-                return due and distributed.any_rank(stop.raised, plan.dist, plan.device)  # stop
-
-            total = scoring.score_windows(
-                model, lambda _, start, n, split=split: plan.batches.read(split, start, n), windows,
-                block_size=plan.batches.block_size, batch_size=plan.batch_size,
-                byte_lengths=plan.byte_lengths, device=plan.device, autocast=plan.autocast,
-                rank=plan.dist.rank, world_size=plan.dist.world_size,
-                between_batches=between_batches,
-            )
-            if total is None:
-                return None
+        for split in plan.items:
+            total = scoring.accumulator(plan.device)
+            rounds = plan.rounds(split)
+            for r in range(rounds):
+                x, y = plan.batch(split, r)  # this rank's share; y = -1 where nothing is scored
+                with plan.autocast:
+                    total += scoring.score_batch(model, x, y, plan.byte_lengths).to(total.dtype)
+                progress.update(split, r + 1, rounds)
+                due = (r + 1) % EVAL_STOP_CHECK == 0 or r + 1 == rounds
+                if due and distributed.any_rank(stop.raised, plan.dist, plan.device):
+                    return None
             out[split] = scoring.Score.from_tensor(distributed.all_reduce_sum(total, plan.dist))
     finally:
         progress.close()
@@ -401,8 +317,8 @@ def main(argv=None):
     try:  # mistakes every rank makes alike: under torchrun only rank 0 prints them
         model_cfg, cfg = parse_settings(argv, [GPTConfig, TrainConfig], prog="train.py",
                                         description=__doc__)
-        check_world_size(cfg, distributed.world_size_from_env())
-        check_batch_sizes(model_cfg, cfg)
+        settings.check_world_size(cfg, distributed.world_size_from_env())
+        settings.check_batch_sizes(model_cfg, cfg)
         if cfg.wandb_log and not cfg.eval_only:
             logger.check_wandb_ready()
     except UserError as e:
@@ -436,9 +352,12 @@ def run(model_cfg, cfg, dist, start_time):
     """Set up on this rank, then train: evaluate (and save) every eval_interval
     iterations and at the end, and take one train_step per iteration."""
     out_dir = Path(cfg.out_dir)
+    # A missing dataset that prepare.py builds by name (shakespeare_char, ...): rank 0 makes it.
+    distributed.agreed(dist, lambda: dist.is_main
+                       and dataset.ensure_dataset(cfg.data_dir, cfg.dataset))
     dev = setup.Device.choose(cfg, dist)
-    # Data and model: every rank builds the same model from the same seed (rank 0 first
-    # prepares a missing named dataset); DDP and FSDP then start all ranks from rank 0's weights.
+    # Data and model: every rank builds the same model from the same seed; DDP and FSDP
+    # then start all ranks from rank 0's weights.
     meta, raw_model, model_cfg, ckpt = setup.start(model_cfg, cfg, dist, dev)
     # FSDP: split every parameter across the ranks, in place, before the optimizers see
     # them: each rank keeps 1/W of the weights, gradients and optimizer state.
@@ -447,61 +366,35 @@ def run(model_cfg, cfg, dist, start_time):
     scaler = optim.make_scaler(dev.dtype, dev.type)
     # Resume: optimizer moments, GradScaler, RNG states and the loop's state come back (an
     # FSDP checkpoint is resharded to this number of ranks; each rank takes its own RNG).
-    state = RunState()
-    if ckpt:
-        state = setup.resume(ckpt, raw_model, optimizers, scaler, cfg, dist, dev)
+    state = setup.resume(ckpt, raw_model, optimizers, scaler, cfg, dist, dev)  # None: RunState()
     ckpt = None  # free the memory
     # DDP: wrap the model so that backward averages the gradients across ranks (FSDP's
     # sharded model does it itself); then torch.compile, falling back to eager.
     module = setup.wrap(raw_model, cfg, dist, dev, iteration=lambda: state.iter_num)
     model = Forward(module, dev.compile)
+    # The batches: random windows of a text, or whole conversations whose replies alone are
+    # targets (gptkit/chat_batches.py); and the windows every evaluation scores.
+    batches = dataset.open_batches(cfg.data_dir, cfg.dataset, meta, model_cfg.block_size, dev.name,
+                                   cfg.batch_size, cfg.gradient_accumulation_steps, cfg.seed)
+    byte_lengths = setup.eval_byte_lengths(meta, dev.name)
+    plan = batches.eval_plan(cfg.eval_iters, cfg.seed, byte_lengths, dev.autocast(), dist)
+    step = Step(model, raw_model, optimizers, scaler, batches, dev.autocast(), dist, cfg.grad_clip)
 
-    dtype = str(dev.dtype).removeprefix("torch.")
-    kernels = "fused" if fused.swapped_count(raw_model) else "model"  # what runs, as compile
-    settings = settings_dict(model_cfg, dataclasses.replace(cfg, device=dev.name, dtype=dtype,
-                                                            compile=str(dev.compile).lower(),
-                                                            cpu_kernels=kernels))
+    recorded = setup.settings_as_run(model_cfg, cfg, dev, raw_model)
     write = dist.is_main and not cfg.eval_only
     if dist.is_main:
-        listed = "  ".join(f"{k}={v}" for k, v in settings.items())
-        print("settings: " + textwrap.fill(listed, 100, subsequent_indent="  "))
-        ran = "gptkit/fused.py (RMSNorm, ReLU² backward by hand)" if kernels == "fused" else "model.py"
-        print(f"{raw_model.num_params() / 1e6:.2f}M parameters | world size {dist.world_size} | "
-              f"{dev.name} {settings['dtype']} | compile {dev.compile} | kernels {ran}")
-        if note := embedding_heavy_note(raw_model, cfg.init_from):
-            print(note)
-        if lora.is_applied(raw_model):
-            print(lora.summary(raw_model))
+        print("\n".join(setup.header(recorded, raw_model, dist, dev, cfg)))
     if write and cfg.init_from == "resume":
         logger.trim_metrics(out_dir / "metrics.jsonl", state.iter_num)
-    peak_flops = measure_peak(dev.name) if dist.is_main else None
-
-    def mfu(tokens_per_s):  # of this rank's share of the tokens; None without a known peak
-        if not peak_flops:
-            return None
-        return estimate_mfu(model_cfg, tokens_per_s / dist.world_size, peak_flops)
-
-    tokens_per_iter = cfg.batch_size * model_cfg.block_size * cfg.gradient_accumulation_steps
-    log = logger.Logger(cfg, state, settings, dist.is_main, write_files=write,
-                        tokens_per_iter=tokens_per_iter, mfu=mfu)
+    log = logger.Logger(cfg, state, recorded, dist.is_main, write_files=write,
+                        tokens_per_iter=batches.tokens_per_step(),
+                        mfu=logger.mfu_meter(model_cfg, dist.world_size, dev.name, dist.is_main))
     model.report_fallback_to(log.compile_failed)  # compile fails at the first forward: logged
     if write:
-        write_text_atomic(out_dir / "config.json", json.dumps(settings, indent=2) + "\n")
-    info = {"model_config": dataclasses.asdict(model_cfg), "tokenizer": meta["tokenizer"],
-            "config": settings, "data_fingerprint": meta.get("fingerprint"), "dataset": cfg.dataset,
-            "provenance": provenance(dev.name) if dist.is_main else None}
-    if "chat" in meta:
-        info["chat"] = meta["chat"]
+        write_text_atomic(out_dir / "config.json", json.dumps(recorded, indent=2) + "\n")
+    info = run_info(model_cfg, meta, recorded, cfg.dataset, dev.name, dist.is_main)
     saver = Checkpointer(out_dir, raw_model, optimizers, scaler, info, dist, dev.name, cfg.parallel,
                          resumed_at=state.iter_num if cfg.init_from == "resume" else None)
-    chat = "chat" in meta  # conversations: the loss of the replies only (gptkit/chat_batches.py)
-    batches = (chat_batches.ChatBatches if chat else dataset.Batches)(
-        cfg.data_dir, cfg.dataset, meta, model_cfg.block_size, dev.name, cfg.batch_size,
-        cfg.gradient_accumulation_steps, cfg.seed)
-    plan = (chat_batches.eval_plan if chat else setup.eval_plan)(cfg, meta, batches, dev, dist)
-    step_model = chat_batches.TargetOnlyLoss(model, batches) if chat else model
-    step = Step(step_model, raw_model, optimizers, scaler, batches, dev.autocast(), dist,
-                cfg.grad_clip)
 
     stop = distributed.StopFlag().install()
     try:
@@ -510,12 +403,10 @@ def run(model_cfg, cfg, dist, start_time):
                 if state.iter_num >= cfg.max_iters and not cfg.eval_only:
                     saver.save_finished(state, cfg.always_save_checkpoint)  # the last eval may fail
                 with log.clock.paused():  # train_cpu_s leaves evaluations out
-                    scores = (chat_batches.evaluate if chat else evaluate)(
-                        model, plan, stop, log.eval_progress(state.iter_num))
+                    scores = evaluate(model, plan, stop, log.eval_progress(state.iter_num))
                 state.train_cpu_s = log.clock.cpu_s()
                 if scores is None:  # a stop signal during the evaluation
-                    when = f"during the evaluation at iteration {state.iter_num}"
-                    return stopped(saver, state, log, stop, start_time, when)
+                    return stopped(saver, state, log, stop, start_time, during_eval=True)
                 log.eval(scores, optim.lr_at(state.iter_num, cfg))
                 if cfg.eval_only:
                     break
@@ -537,8 +428,7 @@ def run(model_cfg, cfg, dist, start_time):
             log.train(loss, grad_norm, cfg.learning_rate * lr_scale)  # optim.lr_at(state.iter_num)
             state.iter_num += 1
             if stop_now:
-                when = f"at iteration {state.iter_num}"
-                return stopped(saver, state, log, stop, start_time, when)
+                return stopped(saver, state, log, stop, start_time)
     except NonFinite as e:
         raise saver.failed(str(e)) from None
     finally:
@@ -546,15 +436,14 @@ def run(model_cfg, cfg, dist, start_time):
         log.close()
         batches.close()
     if dist.is_main and not cfg.eval_only:
-        elapsed = logger.format_duration(time.monotonic() - start_time)
-        print(f"done: {state.iter_num} iterations, best val loss {state.best_val_loss:.4f}, "
-              f"checkpoints in {out_dir} ({elapsed} in all)")
+        logger.print_done(state, out_dir, start_time)
     return 0
 
 
-def stopped(saver, state, log, stop, start_time, when):
+def stopped(saver, state, log, stop, start_time, during_eval=False):
     """A clean stop on SIGINT/SIGTERM: save (unless nothing was trained yet), say how to go on."""
     by = stop.signal_name or "a signal on another rank"
+    when = f"{'during the evaluation ' if during_eval else ''}at iteration {state.iter_num}"
     elapsed = logger.format_duration(time.monotonic() - start_time)
     if state.iter_num > 0:
         saver.save("ckpt", state)

@@ -1,5 +1,6 @@
 """Chat conversations as tokens: the template (and its Jinja form for exports), the target
-mask, the reader of jsonl conversations, and room for the turn tokens in a trained model.
+mask, the reader of jsonl conversations (a trained model grows room for the turn tokens
+with model.py's GPT.grow_vocab).
 
 A conversation is a list of messages `{"role": "system"|"user"|"assistant", "content": "..."}`.
 Each message becomes its role's turn token, its content encoded as plain text, and the
@@ -153,30 +154,3 @@ def encode_records(records, encode, base_vocab_size, block_size=None, errors="ra
                             "(use a larger --block_size, or --errors skip to leave such conversations out)")
         conversations.append((ids, mask))
     return conversations, skipped
-
-
-def grow_vocabulary(model, vocab_size):
-    """Give a trained model rows for the turn tokens, ids past its vocabulary: each new
-    row of the token embedding (and of an untied output layer) is the mean of the
-    trained rows, an "average token" (Hewitt 2021, "Initializing new word embeddings
-    for pretrained language models"), so the new ids start with a probability near
-    the average and the old ids' predictions barely move. In place."""
-    import torch  # here: prepare.py reads this module and needs no torch
-
-    c = model.config
-    old = c.vocab_size
-    assert vocab_size >= old, f"cannot shrink a vocabulary of {old} to {vocab_size}"
-    c.vocab_size = vocab_size  # model.config is this model's own (crop_block_size edits it too)
-
-    def grown(weight):
-        rows = torch.empty(c.padded_vocab_size, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        rows[:old] = weight[:old]
-        rows[old:] = weight[:old].mean(dim=0)
-        return torch.nn.Parameter(rows)
-
-    head = grown(model.lm_head.weight.data)
-    model.lm_head.weight, model.lm_head.out_features = head, c.padded_vocab_size
-    wte = model.transformer.wte
-    wte.weight = head if c.tie_embeddings else grown(wte.weight.data)
-    wte.num_embeddings = c.padded_vocab_size
-    return model

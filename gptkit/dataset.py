@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gptkit import scoring
+from gptkit.chat_batches import ChatBatches
 from gptkit.errors import UserError
 from gptkit.tokenizer import check_description
 from gptkit.untrusted import inside, read_regular, regular_size
@@ -29,7 +31,6 @@ from gptkit.untrusted import inside, read_regular, regular_size
 FORMAT_VERSION = 1
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 AUTO_PREPARED = ("shakespeare_char", "shakespeare", "arithmetic_chat")  # names prepare.py can build by itself
-EVAL_STREAM = 0xE7A1  # separates the evaluation windows' random stream from training's
 MAX_META_BYTES = 64 << 20  # meta.json: a character vocabulary and the list of sources
 FULL_SCAN_BYTES = 1 << 30  # bins up to 1 GiB are checked whole at start-up (~0.1 s per 100 MB)
 
@@ -235,7 +236,7 @@ def eval_offsets(seed, split, n_tokens, block_size, batch_size, eval_iters):
         starts = np.arange(0, n_tokens - block_size, block_size, dtype=np.int64)
     else:
         stream = {"train": 0, "val": 1}[split]
-        rng = np.random.default_rng([seed, EVAL_STREAM, stream])
+        rng = np.random.default_rng([seed, scoring.EVAL_STREAM, stream])
         starts = rng.integers(0, n_tokens - block_size, size=eval_iters * batch_size, dtype=np.int64)
     return [starts[i : i + batch_size] for i in range(0, len(starts), batch_size)]
 
@@ -269,6 +270,15 @@ class TokenBin:
             self.fd = None
 
 
+def open_batches(data_dir, name, meta, block_size, device, batch_size, accumulation, seed):
+    """The batch reader of a dataset, chosen once: random windows of a text (Batches),
+    or whole conversations packed into windows (gptkit/chat_batches.py's ChatBatches),
+    whose targets are the replies alone. Either gives train.py (x, y) micro-batches, with
+    y = -1 where nothing is learned, and the step's target count."""
+    reader = ChatBatches if "chat" in meta else Batches
+    return reader(data_dir, name, meta, block_size, device, batch_size, accumulation, seed)
+
+
 class Batches:
     """The (x, y) tensors of any window list, moved to the device.
 
@@ -294,9 +304,38 @@ class Batches:
         for chunk in range(rank * local, (rank + 1) * local):
             yield self.get("train", micro_batch_offsets(offsets, self.batch_size, chunk))
 
+    def tokens_per_step(self):
+        """Tokens a step reads (every window's block_size inputs), for the log's tok/s."""
+        return self.batch_size * self.accumulation * self.block_size
+
     def per_rank(self, world_size):
         """How many of each iteration's micro-batches each of `world_size` ranks takes."""
         return self.accumulation // world_size
+
+    def targets(self, step):
+        """The target tokens in `step`'s whole global batch: every window's block_size."""
+        return self.batch_size * self.accumulation * self.block_size
+
+    def eval_plan(self, eval_iters, seed, byte_lengths, autocast, dist):
+        """The same random sample of eval_iters batches at every evaluation; with
+        eval_iters=0 every token of the val split once (the figure compared), and a
+        train sample of FULL_EVAL_TRAIN_BATCHES batches."""
+        T, B = self.block_size, self.batch_size
+        windows = {}
+        for split in ("train", "val"):
+            starts = eval_offsets(seed, split, self.n_tokens(split), T, B,
+                                  eval_iters or scoring.FULL_EVAL_TRAIN_BATCHES)
+            windows[split] = scoring.sample_windows(np.concatenate(starts), T)
+        if eval_iters == 0:
+            windows["val"] = scoring.plan_windows([self.n_tokens("val")], T, T)
+        return scoring.EvalPlan(self.scored_windows, windows, B, T, byte_lengths, autocast, dist,
+                                self.device)
+
+    def scored_windows(self, split, rows):
+        """(x, y) on the device for rows of scoring.plan_windows, y = -1 where not scored."""
+        read = lambda _, start, n: self.read(split, start, n)  # noqa: E731
+        x, y = scoring.window_batch(read, rows, self.block_size)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def n_tokens(self, split):
         return self.splits[split].n_tokens

@@ -13,7 +13,6 @@ from pathlib import Path
 import torch
 
 from gptkit import lora
-from gptkit.chat import grow_vocabulary
 from gptkit.checkpoint import FORMAT_VERSION, checked_model_config, load_checkpoint, non_finite_tensors
 from gptkit.config import read_config_file
 from gptkit.errors import UserError
@@ -261,7 +260,7 @@ def adapted_model(record, adapters, source, block_size, dropout=0.0, lora_dropou
     if trained is not None:  # a chat run on a base without turn tokens: grown, its embedding trained
         if trained != lora.TOKEN_EMBEDDING or not isinstance(record.get("vocab_size"), int) or record["vocab_size"] < model.config.vocab_size:
             raise UserError(f"{source}: its LoRA settings name weights trained beside the adapters that this code does not know")
-        grow_vocabulary(model, record["vocab_size"])
+        model.grow_vocab(record["vocab_size"])
     if block_size < model.config.block_size:
         model.crop_block_size(block_size)  # before apply: cropping makes a new (trainable) wpe
     lora.apply(model, record["rank"], float(record["alpha"]), lora_dropout, targets)

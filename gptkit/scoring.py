@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 LN2 = math.log(2)
+EVAL_STREAM = 0xE7A1  # separates the evaluation windows' random stream from training's
+FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
 
 
 def bits_per_byte(total_nats, n_bytes):
@@ -93,7 +95,8 @@ def score_batch(forward, x, y, byte_lengths):
     scored = y >= 0
     n = scored.sum()
     n_bytes = (byte_lengths[y.clamp(min=0)] * scored).sum() if byte_lengths is not None else torch.zeros_like(n)
-    return torch.stack([loss.float() * n, n.float(), n_bytes.float()])  # summed in float64 by the caller
+    nats = torch.where(n > 0, loss.float() * n, 0.0)  # no target: a mean of nothing (NaN) adds 0
+    return torch.stack([nats, n.float(), n_bytes.float()])  # summed in float64 by the caller
 
 
 @torch.no_grad()
@@ -127,6 +130,38 @@ def score_windows(forward, read, windows, *, block_size, batch_size, byte_length
         if between_batches is not None and between_batches(r + 1, rounds):
             return None
     return total
+
+
+@dataclass
+class EvalPlan:
+    """What every evaluation in training scores: for each split, the items that
+    `read(split, items)` turns into (x, y) on the device (a text's windows, rows of
+    plan_windows; a chat split's packed windows), batch_size at a time, each rank
+    taking every W-th batch. Made by the batch reader (its eval_plan method)."""
+
+    read: object
+    items: dict  # split -> the items, in order
+    batch_size: int
+    block_size: int
+    byte_lengths: torch.Tensor | None  # UTF-8 bytes per token id, for bits per byte
+    autocast: object
+    dist: object  # .rank, .world_size
+    device: object
+
+    def rounds(self, split):
+        """Batches per rank: the same on every rank."""
+        return math.ceil(len(self.items[split]) / (self.dist.world_size * self.batch_size))
+
+    def batch(self, split, r):
+        """This rank's (x, y) of round r; every target -1 once its share has run out: a
+        forward pass only to keep step with the other ranks' (under FSDP each forward is
+        a collective), scoring nothing."""
+        first = (r * self.dist.world_size + self.dist.rank) * self.batch_size
+        chunk = self.items[split][first : first + self.batch_size]
+        if len(chunk):
+            return self.read(split, chunk)
+        empty = torch.zeros(1, self.block_size, dtype=torch.int64, device=self.device)
+        return empty, torch.full_like(empty, -1)
 
 
 @dataclass

@@ -25,7 +25,19 @@ from gptkit.checkpoint import save_checkpoint
 from gptkit.errors import PeerFailed, RunFailed
 from gptkit.train import distributed
 from gptkit.train import sharded
-from gptkit.run_state import rng_state
+from gptkit.run_state import provenance, rng_state
+
+
+def run_info(model_cfg, meta, settings, dataset, device, is_main):
+    """What every checkpoint of this run holds beside the weights and the loop's state: the
+    model config, the tokenizer, the settings as run, the data's fingerprint, provenance,
+    and a chat dataset's turn tokens (sample.py --chat and the exports read them)."""
+    info = {"model_config": dataclasses.asdict(model_cfg), "tokenizer": meta["tokenizer"],
+            "config": settings, "data_fingerprint": meta.get("fingerprint"), "dataset": dataset,
+            "provenance": provenance(device) if is_main else None}
+    if "chat" in meta:
+        info["chat"] = meta["chat"]
+    return info
 
 
 class Checkpointer:

@@ -133,6 +133,28 @@ class Clock:
         return time.process_time() - self.cpu_offset
 
 
+def mfu_meter(model_cfg, world_size, device, is_main):
+    """mfu(tokens_per_s) of one rank's share of the tokens against the device's peak
+    (gptkit/train/mfu.py; measured once on a CPU), or None without a known peak."""
+    from gptkit.train.mfu import estimate_mfu, measure_peak
+
+    peak_flops = measure_peak(device) if is_main else None
+
+    def mfu(tokens_per_s):
+        if not peak_flops:
+            return None
+        return estimate_mfu(model_cfg, tokens_per_s / world_size, peak_flops)
+
+    return mfu
+
+
+def print_done(state, out_dir, start_time):
+    """The run's last line: what it did, where its checkpoints are, how long it took."""
+    elapsed = format_duration(time.monotonic() - start_time)
+    print(f"done: {state.iter_num} iterations, best val loss {state.best_val_loss:.4f}, "
+          f"checkpoints in {out_dir} ({elapsed} in all)")
+
+
 class Logger:
     """Rank 0's logs; on other ranks every method does nothing (the clock still runs).
 

@@ -5,13 +5,15 @@
     shard(raw_model, ckpt, cfg, dist, dev)                  # FSDP only
     state = resume(ckpt, raw_model, optimizers, scaler, cfg, dist, dev)   # or RunState()
     module = wrap(raw_model, cfg, dist, dev)                # DDP (train.py's Forward then compiles)
-    plan = eval_plan(cfg, meta, batches, dev, dist)         # what each evaluation scores
+    settings = settings_as_run(model_cfg, cfg, dev, raw_model)          # config.json's
+    print("\n".join(header(settings, raw_model, dist, dev, cfg)))      # rank 0
 
-Also here: the checks that need more than one setting (sizes, ranks, a checkpoint
-to resume). The out_dir's one-writer claim is gptkit/train/out_dir.py."""
+Also here: the check of a checkpoint to resume (the settings' own checks are
+gptkit/train/settings.py's). The out_dir's one-writer claim is gptkit/train/out_dir.py."""
 
 import dataclasses
 import random
+import textwrap
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -23,8 +25,8 @@ from gptkit import faults
 from gptkit import fused
 from gptkit import lora
 from gptkit import scoring
-from gptkit.chat import grow_vocabulary
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
+from gptkit.config import settings_dict
 from gptkit.device import enable_tf32, resolve_device, training_dtype
 from gptkit.errors import UserError
 from gptkit.interop.hf_gpt2 import HUB_NAMES
@@ -37,9 +39,6 @@ from gptkit.train import sharded
 from gptkit.run_state import RunState, check_loop_state, set_rng_state
 from model import GPT, GPTConfig
 
-FULL_EVAL_TRAIN_BATCHES = 20  # eval_iters=0: the train loss is estimated on this many batches
-MAX_MICRO_BATCH_TOKENS = 2**31  # beyond int32 indexing, and beyond any machine's memory for activations
-MAX_EVAL_WINDOWS = 10_000_000  # their start offsets alone would take 80 MB
 
 
 @dataclasses.dataclass
@@ -69,9 +68,8 @@ class Device:
 
 
 def start(model_cfg, cfg, dist, dev):
-    """(meta, raw model on the device, its config, checkpoint or None): rank 0 prepares a
-    missing named dataset, then every rank checks it and builds the same model."""
-    distributed.agreed(dist, lambda: dataset.ensure_dataset(cfg.data_dir, cfg.dataset) if dist.is_main else None)
+    """(meta, raw model on the device, its config, checkpoint or None): every rank checks
+    the dataset and builds the same model."""
     meta = distributed.agreed(dist, lambda: dataset.load_meta(cfg.data_dir, cfg.dataset))
     torch.manual_seed(cfg.seed + dist.rank)  # different dropout on each rank
     random.seed(cfg.seed + dist.rank)
@@ -84,7 +82,8 @@ def start(model_cfg, cfg, dist, dev):
             print(f"warning: {warning}")
     raw_model.to(dev.name)
     if cfg.cpu_kernels == "fused" and dev.type == "cpu" and dev.dtype == torch.float32:
-        fused.apply(raw_model)  # RMSNorm and ReLU² with their backward written by hand
+        # RMSNorm and ReLU² with their backward written by hand, each kind checked against model.py's
+        fused.apply(raw_model, note=print if dist.is_main else None)
     if cfg.activation_checkpointing:
         fsdp.checkpoint_blocks(raw_model)
     return meta, raw_model, model_cfg, ckpt
@@ -104,8 +103,11 @@ def shard(raw_model, ckpt, cfg, dist, dev):
 
 def resume(ckpt, raw_model, optimizers, scaler, cfg, dist, dev):
     """Load a checkpoint's optimizer, GradScaler and RNG states into this run (its
-    weights are in already); returns the loop's RunState. Today's hyperparameters win
-    (learning rates, weight decay, betas, momentum) over the ones saved with the state."""
+    weights are in already); returns the loop's RunState (a fresh one without a
+    checkpoint). Today's hyperparameters win (learning rates, weight decay, betas,
+    momentum) over the ones saved with the state."""
+    if not ckpt:
+        return RunState()
     out_dir = Path(cfg.out_dir)
     distributed.agreed(dist, lambda: check_resumable(ckpt, optimizers, out_dir, cfg))
     fresh = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in optimizers]
@@ -150,32 +152,27 @@ def wrap(raw_model, cfg, dist, dev, iteration):
     return module
 
 
-@dataclasses.dataclass
-class EvalPlan:
-    """What every evaluation scores: the windows of each split (gptkit.scoring rows),
-    read from `batches`, batch_size at a time, each rank taking every W-th batch."""
-
-    batches: dataset.Batches
-    windows: dict  # split -> int64 (N, 4) plan_windows rows
-    batch_size: int
-    byte_lengths: torch.Tensor | None  # UTF-8 bytes per token id, for bits per byte
-    autocast: object
-    dist: distributed.Dist
-    device: str
+def settings_as_run(model_cfg, cfg, dev, raw_model):
+    """Every setting as this run resolved it (device, dtype, compile and the kernels that
+    run, not "auto"): what the header prints, config.json and every checkpoint record."""
+    dtype = str(dev.dtype).removeprefix("torch.")
+    kernels = "fused" if fused.swapped_count(raw_model) else "model"
+    resolved = dataclasses.replace(cfg, device=dev.name, dtype=dtype, compile=str(dev.compile).lower(),
+                                   cpu_kernels=kernels)
+    return settings_dict(model_cfg, resolved)
 
 
-def eval_plan(cfg, meta, batches, dev, dist):
-    """The same random sample of eval_iters batches at every evaluation; with
-    eval_iters=0 every token of the val split once (the figure compared), and a
-    train sample of FULL_EVAL_TRAIN_BATCHES batches."""
-    T, B = batches.block_size, cfg.batch_size
-    windows = {}
-    for split in ("train", "val"):
-        starts = dataset.eval_offsets(cfg.seed, split, batches.n_tokens(split), T, B, cfg.eval_iters or FULL_EVAL_TRAIN_BATCHES)
-        windows[split] = scoring.sample_windows(np.concatenate(starts), T)
-    if cfg.eval_iters == 0:
-        windows["val"] = scoring.plan_windows([batches.n_tokens("val")], T, T)
-    return EvalPlan(batches, windows, B, eval_byte_lengths(meta, dev.name), dev.autocast(), dist, dev.name)
+def header(settings, raw_model, dist, dev, cfg):
+    """The run's first lines (rank 0 prints them): the settings, then what runs where."""
+    listed = "  ".join(f"{k}={v}" for k, v in settings.items())
+    lines = ["settings: " + textwrap.fill(listed, 100, subsequent_indent="  "),
+             f"{raw_model.num_params() / 1e6:.2f}M parameters | world size {dist.world_size} | "
+             f"{dev.name} {settings['dtype']} | compile {dev.compile} | kernels {fused.describe(raw_model)}"]
+    if note := embedding_heavy_note(raw_model, cfg.init_from):
+        lines.append(note)
+    if lora.is_applied(raw_model):
+        lines.append(lora.summary(raw_model))
+    return lines
 
 
 def eval_byte_lengths(meta, device):
@@ -234,7 +231,7 @@ def init_model(model_cfg, cfg, meta, out_dir):
         base = {"init_from": base_location(init_from), "fingerprint": lora.fingerprint(model)} if cfg.lora_rank else None
         grown = "chat" in meta and model.config.vocab_size == meta["chat"]["turn_ids"]["<|system|>"]
         if grown:
-            grow_vocabulary(model, meta["vocab_size"])  # room for the 4 turn tokens
+            model.grow_vocab(meta["vocab_size"])  # room for the 4 turn tokens
         if ours is not None and (tokenizer != tokenizer_from_dict(meta["tokenizer"]).to_dict() or model.config.vocab_size != meta["vocab_size"]):
             raise UserError(
                 f"vocabulary mismatch: {init_from} was trained with a {describe_vocab(tokenizer, model.config.vocab_size)} "
@@ -310,28 +307,3 @@ def check_resumable(ckpt, optimizers, out_dir, cfg):
     elif cfg.parallel == "ddp" and (not isinstance(ckpt.get("optimizer"), list) or len(ckpt["optimizer"]) != len(optimizers)):
         raise UserError(f"{checkpoint_source(ckpt, out_dir)} was trained with a different optimizer setting: resume with --optimizer as before")
     check_loop_state(ckpt, checkpoint_source(ckpt, out_dir))
-
-
-def check_batch_sizes(model_cfg, cfg):
-    """Sizes no machine can hold fail here, not after minutes of allocating."""
-    tokens = cfg.batch_size * model_cfg.block_size
-    if tokens > MAX_MICRO_BATCH_TOKENS:
-        raise UserError(
-            f"batch_size * block_size = {tokens:,} tokens in one micro-batch (at most {MAX_MICRO_BATCH_TOKENS:,}): "
-            "use a smaller batch_size and more gradient_accumulation_steps"
-        )
-    if cfg.eval_iters * cfg.batch_size > MAX_EVAL_WINDOWS:
-        raise UserError(
-            f"eval_iters * batch_size = {cfg.eval_iters * cfg.batch_size:,} windows per evaluation (at most "
-            f"{MAX_EVAL_WINDOWS:,}): use fewer eval_iters, or eval_iters=0 for the whole val split"
-        )
-
-
-def check_world_size(cfg, world_size):
-    if cfg.gradient_accumulation_steps % world_size:
-        G = cfg.gradient_accumulation_steps
-        raise UserError(
-            f"gradient_accumulation_steps={G} (the global count) must be divisible by the number of "
-            f"ranks, {world_size}: use a multiple of {world_size}, e.g. --gradient_accumulation_steps={G * world_size} "
-            f"--batch_size={max(1, cfg.batch_size // world_size)} for about the same global batch"
-        )

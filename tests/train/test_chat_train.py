@@ -2,9 +2,11 @@
 batch (checked against the mean by hand), learnt where a plain-text loss could not be,
 resumed exactly, and from a trained model whose vocabulary grows by the turn tokens."""
 
+import contextlib
 import dataclasses
 import json
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,8 +14,8 @@ import torch.nn.functional as F
 from train_helpers import losses_by_iter, read_metrics, tiny_args
 
 import train
-from gptkit.chat import grow_vocabulary
-from gptkit.chat_batches import ChatBatches, TargetOnlyLoss
+from gptkit.chat_batches import ChatBatches
+from gptkit.train.distributed import Dist
 from gptkit.checkpoint import load_checkpoint
 from gptkit.dataset import load_meta
 from gptkit.prepare.chat import prepare_chat
@@ -56,28 +58,35 @@ def by_hand(model, x, y):
     return sum(losses) / len(losses)
 
 
+class Capture(torch.optim.SGD):
+    """An optimizer whose step only keeps the gradients it is given."""
+
+    def step(self, closure=None):
+        self.grads = [p.grad.clone() for g in self.param_groups for p in g["params"]]
+
+
 def test_the_step_loss_and_gradient_are_the_global_target_mean_not_a_mean_of_means(chat_data):
+    """train.py's train_step itself, on a chat reader: the same step text as for a text."""
     meta = load_meta(chat_data, "noise")
     batches = ChatBatches(chat_data, "noise", meta, 48, "cpu", batch_size=3, accumulation=4, seed=5)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=48, vocab_size=meta["vocab_size"]))
-    step_model = TargetOnlyLoss(model, batches)
+    opt = Capture(model.parameters(), lr=0.0)
+    opt.param_groups[0]["base_lr"] = 0.0
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    step = train.Step(train.Forward(model, False), model, [opt], scaler, batches, contextlib.nullcontext(),
+                      Dist(), grad_clip=0.0)
+    loss, _, _ = train.train_step(step, 7, 1.0, SimpleNamespace(raised=False))
     micro = list(batches.micro_batches(7))
-    total = 0.0
-    for x, y in micro:  # as train_step: loss / micro-batches per rank, summed; logged as the sum / G
-        loss = step_model(x, y)[1]
-        (loss / len(micro)).backward()
-        total += loss.item()
-    ours = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
     x = torch.cat([x for x, _ in micro])
     y = torch.cat([y for _, y in micro])
     counts = [(y_ >= 0).sum().item() for _, y_ in micro]
     assert len(set(counts)) > 1  # micro-batches of different target counts: a mean of means would differ
+    assert batches.targets(7) == sum(counts)
     F.cross_entropy(model(x)[0].flatten(0, 1), y.flatten(), ignore_index=-1, reduction="sum").div(sum(counts)).backward()
-    assert all(torch.allclose(a, p.grad, atol=1e-6) for a, p in zip(ours, model.parameters()))
+    assert all(torch.allclose(a, p.grad, atol=1e-6) for a, p in zip(opt.grads, model.parameters()))
     with torch.no_grad():
-        assert total / len(micro) == pytest.approx(by_hand(model, x, y), abs=1e-5)
+        assert loss == pytest.approx(by_hand(model, x, y), abs=1e-5)
 
 
 def test_noise_with_a_constant_reply_learns_the_reply_to_near_zero_loss(chat_data, tmp_path):
@@ -94,7 +103,7 @@ def test_noise_with_a_constant_reply_learns_the_reply_to_near_zero_loss(chat_dat
     with torch.no_grad():
         x, y = batches.get("val", range(batches.n_windows("val")))
         assert by_hand(model, x, y) == pytest.approx(val, abs=1e-5)
-        every = batches.windows["val"]  # a plain-text loss over every token could not go near zero: noise
+        every = batches.first["val"][0]  # a plain-text loss over every token could not go near zero: noise
         plain = F.cross_entropy(model(every[:, :-1])[0].flatten(0, 1), every[:, 1:].flatten()).item()
     assert plain > 1.0
 
@@ -114,7 +123,7 @@ def test_grown_vocabulary_keeps_old_rows_and_starts_new_ones_at_the_mean(tie):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=10, tie_embeddings=tie))
     before = model.transformer.wte.weight.detach().clone()
-    grow_vocabulary(model, 14)
+    model.grow_vocab(14)
     wte = model.transformer.wte.weight
     assert wte.shape[0] >= 14 and model.config.vocab_size == 14
     assert torch.equal(wte[:10], before[:10]) and torch.allclose(wte[10:14], before[:10].mean(0).expand(4, -1))
