@@ -58,7 +58,7 @@ from gptkit import chat_session
 from gptkit.config import parse_settings, setting
 from gptkit.device import DTYPES, inference_dtype, resolve_device
 from gptkit.errors import UserError, run_main
-from gptkit.generate import generate_samples
+from gptkit.generate import decode_path, generate_samples
 from gptkit.loading import load_model
 from gptkit.paths import claim_output
 from gptkit.sampling import check_sampling_options
@@ -220,14 +220,15 @@ def main(argv=None):
         session = chat_session.Session(model, tokenizer, unescape(cfg.system) if cfg.system else None)
         dtype = weights_dtype(model, cfg.dtype, device)
         if sys.stdin.isatty():  # from a pipe, stderr carries only a mistake's one line
-            print(summary, file=sys.stderr)
+            print(f"{summary}\n{decode_path(model, cfg, device)}", file=sys.stderr)
         model.to(device=device, dtype=dtype)
         return chat_session.talk(session, cfg, device, sys.stdin, write)
     prompt_ids = encode_prompt(tokenizer, prompt)  # before any heavy work: unknown characters fail here
     if cfg.attention is not None and not 0 <= cfg.layer < model.config.n_layer:
         raise UserError(f"--layer {cfg.layer} does not exist: this model has layers 0 to {model.config.n_layer - 1}")
     dtype = weights_dtype(model, cfg.dtype, device)
-    print(summary, file=sys.stderr)  # after the checks: a mistake's error is the only line printed
+    # after the checks: a mistake's error is the only line printed
+    print(f"{summary}\n{decode_path(model, cfg, device)}", file=sys.stderr)
     model.to(device=device, dtype=dtype)
 
     if cfg.attention is not None:

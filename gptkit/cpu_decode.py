@@ -31,12 +31,21 @@ token, the same values as model.py computes with the rounded weights (the prompt
 runs there). Where this PyTorch has no fbgemm (ARM CPUs), the products stay NumPy's
 float32 ones on the rounded weights: the same numbers, not faster.
 
+A guest of model.py, not a second copy of it: the first CHECKED_STEPS one-token
+steps of every generation run both ways, model.py's forward with the same cache
+first, then this step (whose keys and values then stand, as always), and their
+logits must agree to rounding (TOLERANCE of the largest logit). Where they do not
+(model.py edited: a learner's change to an MLP, a norm, attention), model.py's
+logits are used, one line on stderr says so, and model.py runs every later token.
+Measured cost: 3 extra one-token forwards per sample (benchmarks/LOG.md).
+
 tests/test_cpu_decode.py checks the logits against model.py's to 2e-5 for each
 variant (float16 weights included) and the sampled text against the PyTorch path.
 Anything else (a GPU, bfloat16, torch.compile) runs model.py as it is.
 """
 
 import math
+import sys
 
 import numpy as np
 import torch
@@ -45,6 +54,9 @@ import torch.nn.functional as F
 from gptkit.device import F16_OVERFLOW
 from gptkit.errors import UserError
 from model import NORM_EPS, KVCache
+
+CHECKED_STEPS = 3  # one-token steps checked against model.py at the start of every generation
+TOLERANCE = 1e-4  # of max(1, the largest |logit|): float32 rounding is ~1e-6 of it here
 
 
 def applies(model, device):
@@ -159,8 +171,11 @@ class CPUDecoder:
     model.py, which fills the same cache. float16=True: the products read float16
     copies of the matrices (after round_to_float16(model): the same values)."""
 
-    def __init__(self, model, float16=False):
+    def __init__(self, model, float16=False, note=None):
         self.model = model
+        self.note = note or (lambda line: print(line, file=sys.stderr))
+        self.checks_left = CHECKED_STEPS
+        self.differs = None  # why model.py runs instead, once a check failed
         c = model.config
         self.config = c
         product = float16_product if float16 and has_fp16_gemm() else numpy_product
@@ -180,10 +195,28 @@ class CPUDecoder:
         return KVCache(self.config.n_layer, self.config.block_size)
 
     def __call__(self, idx, cache):
-        if idx.size(1) > 1 or cache.k[0] is None or cache.length >= cache.max_length:
+        full = cache.length >= cache.max_length
+        if idx.size(1) > 1 or cache.k[0] is None or full or self.differs:
             return self.model.next_token_logits(idx, cache)  # model.py fills the cache
-        logits = self.step(idx[:, 0].numpy(), cache)
-        return torch.from_numpy(logits)
+        if self.checks_left:
+            return self.checked_step(idx, cache)
+        return torch.from_numpy(self.step(idx[:, 0].numpy(), cache))
+
+    def checked_step(self, idx, cache):
+        """One token both ways, model.py's forward first; this step's logits if they agree."""
+        self.checks_left -= 1
+        pos = cache.length
+        expected = self.model.next_token_logits(idx, cache)  # writes this token's keys and values
+        cache.length = pos
+        logits = torch.from_numpy(self.step(idx[:, 0].numpy(), cache))  # ...and this step, as always
+        gap = (logits - expected).abs().max().item()
+        if gap <= TOLERANCE * max(1.0, expected.abs().max().item()):  # NaN fails too
+            return logits
+        self.differs = f"its logits differ from model.py's by {gap:.3g} at position {pos}"
+        self.note(f"decode: gptkit/cpu_decode.py does not match model.py ({self.differs}; model.py "
+                  "edited?): model.py runs every token")
+        cache.length = pos
+        return self.model.next_token_logits(idx, cache)  # model.py's keys and values again
 
     def attend(self, layer, x, cache, pos, index):
         """Self-attention of one new token per row; its keys and values go into the cache."""

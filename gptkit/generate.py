@@ -11,6 +11,9 @@ characters and cuts the text before a stop string.
     python -c "import torch, model; from gptkit.generate import generate_stream; m = model.GPT(model.GPTConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=50)).eval(); print([t.tolist() for t in generate_stream(m, torch.zeros(1, 3, dtype=torch.long), 5, temperature=0)])"
 """
 
+import sys
+import weakref
+
 import torch
 
 from gptkit import cpu_decode
@@ -153,6 +156,32 @@ def generate_stream(
             return
 
 
+def uses_cpu_decode(model, cfg, device):
+    """Whether sample.py's one-token steps run gptkit/cpu_decode.py (a CPU, float32)."""
+    return not cfg.compile and cfg.cpu_decode and cfg.use_cache and cpu_decode.applies(model, device)
+
+
+def decode_path(model, cfg, device):
+    """What runs each new token, for sample.py's header."""
+    if cfg.compile:
+        return "decode: model.py's forward through torch.compile (gptkit/compiled_decode.py)"
+    if uses_cpu_decode(model, cfg, device):
+        return ("decode: gptkit/cpu_decode.py (NumPy one-token step, checked against model.py on "
+                "the first tokens; --cpu_decode false for model.py's)")
+    return "decode: model.py's forward with its KV cache"
+
+
+_told = weakref.WeakSet()  # models whose fast path's fallback was said already (once a session)
+
+
+def note_once(model):
+    def note(line):
+        if model not in _told:
+            _told.add(model)
+            print(line, file=sys.stderr)
+    return note
+
+
 def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None, stop_tokens=None):
     """Generate cfg.num_samples continuations of `prompt_ids` together as one batch.
 
@@ -169,9 +198,10 @@ def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None, st
     decoder = None
     if cfg.compile:
         decoder = CompiledDecoder(model, cfg.num_samples)
-    elif cfg.cpu_decode and cfg.use_cache and cpu_decode.applies(model, device):
-        # NumPy for each new token on a CPU in float32 (float16 copies of the matrices for --dtype float16)
-        decoder = cpu_decode.CPUDecoder(model, float16=cfg.dtype == "float16")
+    elif uses_cpu_decode(model, cfg, device):
+        # NumPy for each new token on a CPU in float32 (float16 copies of the matrices for
+        # --dtype float16), checked against model.py on the first tokens
+        decoder = cpu_decode.CPUDecoder(model, float16=cfg.dtype == "float16", note=note_once(model))
     with torch.no_grad():
         steps = generate_stream(
             model, idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
