@@ -140,8 +140,7 @@ def main(argv=None):
         print(evaluation.markdown_table(results))
         for result in results:
             if result.exact_match is not None:
-                exact, total = result.exact_match
-                print(f"exact match, {result.name}: {exact:,} of {total:,} replies ({exact / total:.1%})")
+                print(evaluation.exact_match_lines(result))
         if items is not None:
             print("HellaSwag: acc picks the ending with the lowest summed token loss, acc_norm the lowest mean; chance is 25%")
     return 0

@@ -1,14 +1,14 @@
 """The GPT: a decoder-only Transformer, with the variants the Transformer chapter teaches.
 
 Defaults are GPT-2 small (Radford et al. 2019) with GPT-2's parameter names, so the
-pretrained weights load name by name (gptkit/interop/hf_gpt2.py). Each variant is one GPTConfig field,
-read in exactly one place:
+pretrained weights load name by name (gptkit/interop/hf_gpt2.py). Each variant is one
+GPTConfig field, read in exactly one place:
 
-    pos_encoding   learned | sinusoidal | rope | none     (GPT._embed; rope in CausalSelfAttention.qkv)
-    norm           layernorm | rmsnorm                     (make_norm)
-    norm_placement pre | post                              (Block.forward)
-    mlp            gelu | gelu_exact | relu2 | swiglu      (MLP.__init__)
-    attention      sdpa | reference                        (CausalSelfAttention.forward)
+    pos_encoding   learned | sinusoidal | rope | none   (GPT._embed; rope: CausalSelfAttention.qkv)
+    norm           layernorm | rmsnorm                   (make_norm)
+    norm_placement pre | post                            (Block.forward)
+    mlp            gelu | gelu_exact | relu2 | swiglu    (MLP.__init__)
+    attention      sdpa | reference                      (CausalSelfAttention.forward)
 
 One forward pass, for token ids idx of shape (B, T):
     x = wte[idx] (+ position information)          # (B, T, C)
@@ -21,7 +21,7 @@ cache. A KVCache keeps the keys and values of past tokens so that
 gptkit/generate.py builds sample.py's generation on it (cache policies past
 block_size, top_p, min_p, repetition penalty, stop tokens).
 
-    python -c "import torch, model; m = model.GPT(model.GPTConfig(n_layer=2, n_head=2, n_embd=64)); print(m(torch.zeros(1, 8, dtype=torch.long))[0].shape)"
+    python -c "import model; print(model.GPT(model.GPTConfig(n_layer=2, n_embd=64)))"
     python lab.py params configs/gpt2.py    # where the 124M parameters are
 """
 
@@ -53,44 +53,61 @@ class GPTConfig:
     n_layer: int = setting(12, "number of Transformer blocks")
     n_head: int = setting(12, "attention heads per block")
     n_embd: int = setting(768, "width of the residual stream")
-    dropout: float = setting(0.0, "dropout probability (0 for pretraining, ~0.1-0.2 when finetuning)")
-    bias: bool = setting(True, "biases in Linear layers and norms, as GPT-2 (False is slightly faster)")
-    pos_encoding: str = setting("learned", "position information: learned | sinusoidal | rope | none")
-    rope_theta: float = setting(10000.0, "RoPE base: rotation angles are position * rope_theta^(-2i/head_dim)")
+    dropout: float = setting(0.0, "dropout probability (0 for pretraining, ~0.1-0.2 when "
+                                  "finetuning)")
+    bias: bool = setting(True, "biases in Linear layers and norms, as GPT-2 (False is slightly "
+                               "faster)")
+    pos_encoding: str = setting("learned", "position information: learned | sinusoidal | rope | "
+                                           "none")
+    rope_theta: float = setting(10000.0, "RoPE base: rotation angles are position * "
+                                         "rope_theta^(-2i/head_dim)")
     norm: str = setting("layernorm", "normalization: layernorm | rmsnorm")
     norm_placement: str = setting("pre", "pre (GPT-2 and later) or post (the original Transformer)")
-    mlp: str = setting("gelu", "MLP: gelu (GPT-2's tanh form) | gelu_exact (erf, nanoGPT) | relu2 | swiglu")
-    mlp_hidden: int | None = setting(None, "MLP hidden size; none = 4*n_embd, or for swiglu the size matching its parameters")
+    mlp: str = setting("gelu", "MLP: gelu (GPT-2's tanh form) | gelu_exact (erf, nanoGPT) | relu2 "
+                               "| swiglu")
+    mlp_hidden: int | None = setting(None, "MLP hidden size; none = 4*n_embd, or for swiglu the "
+                                           "size matching its parameters")
     qk_norm: bool = setting(False, "RMS-normalize queries and keys per head before attention")
-    n_kv_head: int | None = setting(None, "key/value heads (none = n_head; fewer = grouped-query, 1 = multi-query)")
-    tie_embeddings: bool = setting(True, "share the token embedding with the output layer (lm_head), as GPT-2")
-    logit_softcap: float | None = setting(None, "squash logits to (-cap, cap) with cap*tanh(logits/cap); none = off")
-    pad_vocab_multiple: int = setting(1, "pad the embedding table to a multiple of this (64 is faster on GPUs)")
-    zero_init_proj: bool = setting(False, "start every output projection c_proj at zero (modded-nanogpt)")
-    attention: str = setting("sdpa", "sdpa (PyTorch's flash/memory-efficient kernels) or reference (the formula written out, slow)")
+    n_kv_head: int | None = setting(None, "key/value heads (none = n_head; fewer = grouped-query, "
+                                          "1 = multi-query)")
+    tie_embeddings: bool = setting(True, "share the token embedding with the output layer "
+                                         "(lm_head), as GPT-2")
+    logit_softcap: float | None = setting(None, "squash logits to (-cap, cap) with "
+                                                "cap*tanh(logits/cap); none = off")
+    pad_vocab_multiple: int = setting(1, "pad the embedding table to a multiple of this (64 is "
+                                         "faster on GPUs)")
+    zero_init_proj: bool = setting(False, "start every output projection c_proj at zero "
+                                          "(modded-nanogpt)")
+    attention: str = setting("sdpa", "sdpa (PyTorch's flash/memory-efficient kernels) or "
+                                     "reference (the formula written out, slow)")
 
     def __post_init__(self):
         problems = []
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "pad_vocab_multiple"):
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd",
+                     "pad_vocab_multiple"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
         problems += choice_problems(self, CHOICES)
         if self.n_head >= 1 and self.n_embd % self.n_head:
             problems.append(
-                f"n_embd={self.n_embd} must be divisible by n_head={self.n_head} (each head gets n_embd/n_head dims)"
+                f"n_embd={self.n_embd} must be divisible by n_head={self.n_head} (each head gets "
+                f"n_embd/n_head dims)"
             )
-        if self.n_kv_head is not None and not (1 <= self.n_kv_head <= self.n_head and self.n_head % self.n_kv_head == 0):
+        kv = self.n_kv_head
+        if kv is not None and not (1 <= kv <= self.n_head and self.n_head % kv == 0):
             problems.append(
                 f"n_head={self.n_head} must be a multiple of n_kv_head={self.n_kv_head} "
                 "(each key/value head serves the same number of query heads)"
             )
         if self.pos_encoding == "rope" and self.n_head >= 1 and (self.n_embd // self.n_head) % 2:
             problems.append(
-                f"pos_encoding='rope' needs an even head size, but n_embd/n_head = {self.n_embd}/{self.n_head} "
+                f"pos_encoding='rope' needs an even head size, but n_embd/n_head = "
+                f"{self.n_embd}/{self.n_head} "
                 f"= {self.n_embd // self.n_head} (RoPE rotates pairs of dimensions)"
             )
         if self.pos_encoding == "sinusoidal" and self.n_embd % 2:
-            problems.append(f"pos_encoding='sinusoidal' needs an even n_embd (sine/cosine pairs), got n_embd={self.n_embd}")
+            problems.append(f"pos_encoding='sinusoidal' needs an even n_embd (sine/cosine pairs), "
+                            f"got n_embd={self.n_embd}")
         if not 0 <= self.dropout < 1:
             problems.append(f"dropout={self.dropout} must be in [0, 1)")
         if self.rope_theta <= 0:
@@ -170,7 +187,8 @@ def apply_rope(x, cos, sin):
     """Rotate each pair (x[i], x[i + D/2]) of x (..., T, D) by its angle; cos, sin (T, D/2).
     Pairing the two halves (as GPT-NeoX and LLaMA do) instead of neighbours is the same
     rotation on a permuted basis. Computed in fp32 at least, returned in x's dtype."""
-    x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).chunk(2, dim=-1)  # (..., T, D/2) each
+    # (..., T, D/2) each
+    x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).chunk(2, dim=-1)
     rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return rotated.type_as(x)
 
@@ -321,8 +339,8 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, fc_width, bias=config.bias)
         if config.mlp == "gelu":  # GPT-2 uses GELU's tanh approximation ("gelu_new")
             self.act = nn.GELU(approximate="tanh")
-        elif config.mlp == "gelu_exact":  # the erf form, as nanoGPT's nn.GELU(): its checkpoints load exactly
-            self.act = nn.GELU()
+        elif config.mlp == "gelu_exact":
+            self.act = nn.GELU()  # the erf form, as nanoGPT's: its checkpoints load exactly
         elif config.mlp == "relu2":
             self.act = ReLU2()
         else:  # SwiGLU (Shazeer 2020): silu(gate) * up
@@ -373,7 +391,8 @@ class GPT(nn.Module):
             modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
         self.transformer = nn.ModuleDict(modules)
         if config.pos_encoding == "sinusoidal":
-            self.register_buffer("sinusoid", sinusoidal_table(config.block_size, config.n_embd), persistent=False)
+            table = sinusoidal_table(config.block_size, config.n_embd)
+            self.register_buffer("sinusoid", table, persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         if config.tie_embeddings:  # one matrix both reads and writes tokens (Press & Wolf 2017)
             self.transformer.wte.weight = self.lm_head.weight
@@ -410,9 +429,11 @@ class GPT(nn.Module):
 
     def _embed(self, idx, start=0):
         B, T = idx.shape
-        if isinstance(start, int) and start + T > self.config.block_size:  # a tensor start: its cache is checked
+        # a tensor start: its cache is checked
+        if isinstance(start, int) and start + T > self.config.block_size:
             raise ValueError(
-                f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}: crop the context"
+                f"sequence of {start + T} tokens is longer than "
+                f"block_size={self.config.block_size}: crop the context"
             )
         x = self.transformer.wte(idx)  # (B, T, C)
         if self.config.pos_encoding == "learned":
@@ -522,7 +543,8 @@ class GPT(nn.Module):
                 logits = logits / temperature
                 if top_k:
                     logits = filter_top_k(logits, top_k)
-                next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)  # (B, 1)
+                probs = F.softmax(logits, dim=-1)
+                next_id = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
             idx = torch.cat((idx, next_id), dim=1)
         return idx
 

@@ -1,13 +1,16 @@
 """Generate text from a trained checkpoint (or from pretrained GPT-2), streamed as it comes.
 
-    python sample.py --start "ROMEO:"                     # the quick start's model, out-shakespeare/
+    python sample.py --start "ROMEO:"     # the quick start's model, out-shakespeare/
     python sample.py --start=FILE:prompt.txt --num_samples 3 --max_new_tokens 200
-    python sample.py --temperature 0 --max_new_tokens 100 # greedy: always the most likely token
+    python sample.py --temperature 0 --max_new_tokens 100   # greedy: always the most likely token
     python sample.py --top_p 0.9 --stop "\\n\\n" --seed 7
     python sample.py --init_from gpt2 --start "The meaning of life is"
-    python sample.py --ckpt ../nanoGPT/out-shakespeare-char/ckpt.pt --meta ../nanoGPT/data/shakespeare_char/meta.pkl
-    python sample.py --attention attn.png --layer 1 --start "ROMEO:"   # draw every head's attention, no sampling
-    python sample.py --out_dir out-chat --chat --system "Answer briefly."  # talk to a chat-trained model
+    python sample.py --ckpt ../nanoGPT/out-shakespeare-char/ckpt.pt \\
+        --meta ../nanoGPT/data/shakespeare_char/meta.pkl           # a nanoGPT checkpoint
+    # draw every head's attention, no sampling
+    python sample.py --attention attn.png --layer 1 --start "ROMEO:"
+    # talk to a chat-trained model
+    python sample.py --out_dir out-chat --chat --system "Answer briefly."
 
 Which model: `--ckpt FILE`, else `--out_dir` (default out-shakespeare, where
 `python train.py configs/shakespeare.py` writes), taking best.pt there, else
@@ -33,13 +36,15 @@ stays fast (the quick-start model has block_size 64, its samples are 500
 tokens). `--shift_context false` gives exactly nanoGPT's tokens. On a CPU in
 float32 each new token's step runs with NumPy on the model's own weights and
 cache (gptkit/cpu_decode.py: model.py's computation, tested equal to 2e-5), whose
-matrix products read the weights faster than PyTorch's; `--cpu_decode false` runs
-model.py's PyTorch step instead.
+matrix products read the weights faster than PyTorch's. It checks itself against
+model.py on the first tokens of every generation and hands over to model.py, with
+one line on stderr, where they differ (model.py edited); the header on stderr names
+the path that runs, and `--cpu_decode false` runs model.py's PyTorch step instead.
 
 `--compile` compiles the one-token step once, gpt-fast's way (a cache allocated
 for block_size positions, the position as a tensor: gptkit/compiled_decode.py);
-the prompt runs eagerly. In float32 its tokens are the eager cache's (tested). On CUDA, where a
-one-token step is mostly kernel launches, it is the main lever for few samples;
+the prompt runs eagerly. In float32 its tokens are the eager cache's (tested). On
+CUDA, where a one-token step is mostly kernel launches, it is the main lever for few samples;
 on a CPU it does not pay: measured 2.1x the tokens/s for the quick-start model
 (1.04x for the bigger baby GPT, bound by memory bandwidth) after 12 to 45 s of
 compiling, which a default run (10 x 500 tokens, about a second) never earns back
@@ -77,57 +82,69 @@ class SampleConfig:
     """Sampling"""
 
     init_from: str = setting(
-        "resume",
-        "resume (a checkpoint in out_dir or --ckpt), gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a Hugging Face folder",
-    )
-    out_dir: str = setting("out-shakespeare", "folder holding best.pt / ckpt.pt (train.py's out_dir)")
+        "resume", "resume (a checkpoint in out_dir or --ckpt), gpt2, gpt2-medium, gpt2-large, "
+        "gpt2-xl, or a Hugging Face folder")
+    out_dir: str = setting(
+        "out-shakespeare", "folder holding best.pt / ckpt.pt (train.py's out_dir)")
     ckpt: str | None = setting(None, "a checkpoint file to load instead of looking in out_dir")
     start: str = setting("\n", "the prompt, or FILE:path to read it from a file")
     num_samples: int = setting(10, "samples to generate, together as one batch")
     max_new_tokens: int = setting(500, "tokens to generate per sample")
-    temperature: float = setting(0.8, "1.0 samples the model's distribution; lower is more conservative; 0 is greedy")
-    top_k: int | None = setting(200, "sample only among the k most likely tokens (0 or none: no limit)")
-    top_p: float | None = setting(None, "nucleus sampling: the smallest set of tokens with this much probability")
-    min_p: float | None = setting(None, "drop tokens less likely than min_p times the most likely one")
-    repetition_penalty: float = setting(1.0, "above 1 makes tokens already present less likely (CTRL)")
+    temperature: float = setting(
+        0.8, "1.0 samples the model's distribution; lower is more conservative; 0 is greedy")
+    top_k: int | None = setting(
+        200, "sample only among the k most likely tokens (0 or none: no limit)")
+    top_p: float | None = setting(
+        None, "nucleus sampling: the smallest set of tokens with this much probability")
+    min_p: float | None = setting(
+        None, "drop tokens less likely than min_p times the most likely one")
+    repetition_penalty: float = setting(
+        1.0, "above 1 makes tokens already present less likely (CTRL)")
     stop: str | None = setting(None, "end a sample before the first occurrence of this string")
     seed: int = setting(1337, "random seed: the same seed gives the same text")
     device: str = setting("auto", "auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps")
     dtype: str = setting(
-        "auto", "weights' dtype: auto (bfloat16 on CUDA when supported, else float32), float32, bfloat16, float16 "
-        "(on a CPU: weights rounded to float16, arithmetic in float32, half the bytes per token: BENCHMARKS.md)",
-    )
+        "auto", "weights' dtype: auto (bfloat16 on CUDA when supported, else float32), "
+        "float32, bfloat16, float16 (on a CPU: weights rounded to float16, arithmetic in "
+        "float32, half the bytes per token: BENCHMARKS.md)")
     compile: bool = setting(
-        False, "compile the one-token decoding step once (a static cache; gptkit/compiled_decode.py): the main "
-        "speed lever on CUDA for few samples; on a CPU it does not pay (2x for the quick-start model after 12-45 s "
-        "of compiling: BENCHMARKS.md)",
-    )
+        False, "compile the one-token decoding step once (a static cache; "
+        "gptkit/compiled_decode.py): the main speed lever on CUDA for few samples; on a CPU it "
+        "does not pay (2x for the quick-start model after 12-45 s of compiling: BENCHMARKS.md)")
     cpu_decode: bool = setting(
-        True, "on a CPU in float32, run each new token's step with NumPy on the model's own weights "
-        "(gptkit/cpu_decode.py: the same computation; one sample of the baby GPT 1.4x faster at one thread: BENCHMARKS.md); "
-        "false: model.py's forward in PyTorch",
-    )
-    use_cache: bool = setting(True, "keep past keys/values (fast); false recomputes the whole context every token")
+        True, "on a CPU in float32, run each new token's step with NumPy on the model's own "
+        "weights (gptkit/cpu_decode.py: checked against model.py on the first tokens, which "
+        "runs instead if they differ; one sample of the baby GPT 1.4x faster at one thread: "
+        "BENCHMARKS.md); false: model.py's forward in PyTorch")
+    use_cache: bool = setting(
+        True, "keep past keys/values (fast); false recomputes the whole context every token")
     shift_context: bool = setting(
-        True, "past block_size, keep the last half of the context and go on caching (fast); false: as nanoGPT"
-    )
+        True, "past block_size, keep the last half of the context and go on caching (fast); "
+        "false: as nanoGPT")
     data_dir: str = setting("data", "where to look for a nanoGPT checkpoint's <dataset>/meta.pkl")
     meta: str | None = setting(None, "a nanoGPT meta.pkl to take the character vocabulary from")
-    chat: bool = setting(False, "talk to a chat-trained model: a reply to each line typed (or each line of a pipe), "
-                         "streamed until its end-of-turn token; Ctrl-D leaves (gptkit/chat_session.py, docs/chat.md)")
-    system: str | None = setting(None, "with --chat: the system message that opens the conversation")
-    attention: str | None = setting(None, "draw every head's attention for the prompt into this PNG and exit")
+    chat: bool = setting(
+        False, "talk to a chat-trained model: a reply to each line typed (or each line of a "
+        "pipe), streamed until its end-of-turn token; Ctrl-D leaves (gptkit/chat_session.py, "
+        "docs/chat.md)")
+    system: str | None = setting(
+        None, "with --chat: the system message that opens the conversation")
+    attention: str | None = setting(
+        None, "draw every head's attention for the prompt into this PNG and exit")
     layer: int = setting(0, "which layer --attention draws")
 
     def __post_init__(self):
         if not 1 <= self.num_samples <= MAX_SAMPLES:
-            raise ValueError(f"num_samples={self.num_samples} must be between 1 and {MAX_SAMPLES:,}")
+            raise ValueError(
+                f"num_samples={self.num_samples} must be between 1 and {MAX_SAMPLES:,}")
         if not 0 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be between 0 and {MAX_NEW_TOKENS:,}")
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be between 0 and "
+                             f"{MAX_NEW_TOKENS:,}")
         if self.num_samples * self.max_new_tokens > MAX_TOTAL_TOKENS:
             raise ValueError(
-                f"num_samples * max_new_tokens = {self.num_samples * self.max_new_tokens:,} tokens in one batch: "
-                f"at most {MAX_TOTAL_TOKENS:,}; run several times with other --seed values instead"
+                f"num_samples * max_new_tokens = {self.num_samples * self.max_new_tokens:,} "
+                f"tokens in one batch: at most {MAX_TOTAL_TOKENS:,}; run several times with "
+                "other --seed values instead"
             )
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed={self.seed} must be between 0 and 2**63 - 1")
@@ -136,16 +153,16 @@ class SampleConfig:
         if self.stop == "":
             raise ValueError("stop must not be empty (leave it out to generate max_new_tokens)")
         if self.compile and not self.use_cache:
-            raise ValueError("compile=true compiles the cached one-token step: it needs use_cache=true")
-        check_sampling_options(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty)
-        if self.chat and (self.start != "\n" or self.attention is not None or self.stop is not None):
-            raise ValueError("chat=true takes the messages from the terminal or standard input: leave out start, "
-                             "stop and attention (system sets a system message)")
+            raise ValueError("compile=true compiles the cached one-token step: it needs "
+                             "use_cache=true")
+        check_sampling_options(self.temperature, self.top_k, self.top_p, self.min_p,
+                               self.repetition_penalty)
+        prompt_settings = self.start != "\n" or self.attention is not None or self.stop is not None
+        if self.chat and prompt_settings:
+            raise ValueError("chat=true takes the messages from the terminal or standard input: "
+                             "leave out start, stop and attention (system sets a system message)")
         if self.system is not None and not self.chat:
             raise ValueError("system goes with chat=true")
-
-
-# ---- loading -------------------------------------------------------------------
 
 
 def unescape(text):
@@ -182,7 +199,8 @@ def encode_prompt(tokenizer, prompt):
     ids = tokenizer.encode(prompt)  # a character outside a char vocabulary raises UserError
     if not ids:
         if tokenizer.eot_id is None:
-            raise UserError("the prompt is empty: give some text with --start (e.g. --start 'ROMEO:')")
+            raise UserError("the prompt is empty: give some text with --start (e.g. --start "
+                            "'ROMEO:')")
         ids = [tokenizer.eot_id]
     return ids
 
@@ -206,26 +224,33 @@ def weights_dtype(model, name, device):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    argv = ["--chat=true" if a == "--chat" else a for a in argv]  # a switch: --chat alone means true
+    # a switch: --chat alone means true
+    argv = ["--chat=true" if a == "--chat" else a for a in argv]
     (cfg,) = parse_settings(argv, [SampleConfig], prog="sample.py", description=__doc__)
     if cfg.stop is not None:
         cfg = dataclasses.replace(cfg, stop=unescape(cfg.stop))
     device = resolve_device(cfg.device)
-    if cfg.attention is not None:  # before the model loads: a picture that cannot be written fails now
-        cfg = dataclasses.replace(cfg, attention=str(claim_output(cfg.attention, "file", overwrite=True, what="--attention")))
+    # before the model loads: a picture that cannot be written fails now
+    if cfg.attention is not None:
+        picture = claim_output(cfg.attention, "file", overwrite=True, what="--attention")
+        cfg = dataclasses.replace(cfg, attention=str(picture))
     prompt = read_prompt(cfg.start)
     torch.manual_seed(cfg.seed)
-    model, tokenizer, summary = load_model(cfg.init_from, cfg.out_dir, cfg.ckpt, cfg.data_dir, cfg.meta)
+    model, tokenizer, summary = load_model(cfg.init_from, cfg.out_dir, cfg.ckpt, cfg.data_dir,
+                                           cfg.meta)
     if cfg.chat:  # a conversation instead of samples
-        session = chat_session.Session(model, tokenizer, unescape(cfg.system) if cfg.system else None)
+        system = unescape(cfg.system) if cfg.system else None
+        session = chat_session.Session(model, tokenizer, system)
         dtype = weights_dtype(model, cfg.dtype, device)
         if sys.stdin.isatty():  # from a pipe, stderr carries only a mistake's one line
             print(f"{summary}\n{decode_path(model, cfg, device)}", file=sys.stderr)
         model.to(device=device, dtype=dtype)
         return chat_session.talk(session, cfg, device, sys.stdin, write)
-    prompt_ids = encode_prompt(tokenizer, prompt)  # before any heavy work: unknown characters fail here
+    # before any heavy work: unknown characters fail here
+    prompt_ids = encode_prompt(tokenizer, prompt)
     if cfg.attention is not None and not 0 <= cfg.layer < model.config.n_layer:
-        raise UserError(f"--layer {cfg.layer} does not exist: this model has layers 0 to {model.config.n_layer - 1}")
+        raise UserError(f"--layer {cfg.layer} does not exist: this model has layers 0 to "
+                        f"{model.config.n_layer - 1}")
     dtype = weights_dtype(model, cfg.dtype, device)
     # after the checks: a mistake's error is the only line printed
     print(f"{summary}\n{decode_path(model, cfg, device)}", file=sys.stderr)

@@ -74,7 +74,7 @@ class Result:
     score: scoring.Score | None = None
     seconds: float | None = None
     hellaswag: dict | None = None
-    exact_match: tuple | None = None  # (replies written exactly, replies) of a chat split
+    exact_match: dict | None = None  # "single", "multi": (replies written exactly, replies)
     notes: list = field(default_factory=list)
 
     def to_dict(self):
@@ -86,8 +86,8 @@ class Result:
         if self.hellaswag is not None:
             out["hellaswag"] = {k: v for k, v in self.hellaswag.items() if k != "predictions"}
         if self.exact_match is not None:
-            exact, total = self.exact_match
-            out["exact_match"] = {"exact": exact, "replies": total, "rate": exact / total if total else None}
+            out["exact_match"] = {kind: {"exact": exact, "replies": total, "rate": exact / total if total else None}
+                                  for kind, (exact, total) in self.exact_match.items()}
         return out
 
 
@@ -268,11 +268,20 @@ def score_chat_split(candidate, data_dir, name, split, meta, settings):
     return scoring.Score.from_tensor(total)
 
 
+SESSION_CONVERSATIONS = 8  # conversations asked one after another in each multi-turn session
+
+
 def chat_exact_match(candidate, data_dir, name, split, settings):
-    """(exact, total): the assistant turns of a chat split that the model writes exactly
-    (content and <|end|>), greedily, given the conversation before each of them."""
+    """{"single": (exact, total), "multi": (exact, total)}: the assistant turns of a chat
+    split that the model writes exactly (content and <|end|>), greedily.
+
+    single: each reply given its conversation's own text before it (the reference turns),
+    from position 0. multi: as a user meets the model in sample.py --chat or the server:
+    the split's conversations asked one after another, SESSION_CONVERSATIONS to a
+    session, every reply generated from the session's own history (the model's earlier
+    replies, not the references; the oldest turns dropped as sample.py --chat drops
+    them); the turns after a session's first are counted."""
     from gptkit.chat_batches import conversations_of
-    from gptkit.generate import generate_stream
 
     meta = dataset.load_meta(data_dir, name)
     if "chat" not in meta:
@@ -283,15 +292,23 @@ def chat_exact_match(candidate, data_dir, name, split, settings):
     ids = np.fromfile(folder / f"{split}.bin", dtype=meta["dtype"])
     mask = np.fromfile(folder / f"{split}_mask.bin", dtype=np.uint8)
     turns = meta["chat"]["turn_ids"]
+    conversations = [conv for conv, _ in conversations_of(ids, mask)]
+    return {"single": single_turn_exact(candidate.model, conversations, turns, settings),
+            "multi": session_exact(candidate, conversations, turns, settings)}
+
+
+def single_turn_exact(model, conversations, turns, settings):
+    """(exact, total) of every reply given the reference conversation before it."""
+    from gptkit.generate import generate_stream
+
     replies = {}  # prompt length -> [(prompt, reference reply with its <|end|>)]
-    for conv, _ in conversations_of(ids, mask):
+    for conv in conversations:
         for p, token in enumerate(conv):
             if token == turns["<|assistant|>"]:
                 end = conv.index(turns["<|end|>"], p)
                 replies.setdefault(p + 1, []).append((conv[: p + 1], conv[p + 1 : end + 1]))
     exact = total = 0
     stops = list(turns.values())
-    model = candidate.model
     for group in replies.values():  # prompts of one length go together, as one batch
         for i in range(0, len(group), settings.batch_size):
             chunk = group[i : i + settings.batch_size]
@@ -303,6 +320,67 @@ def chat_exact_match(candidate, data_dir, name, split, settings):
                 exact += row[: len(reference)] == reference
                 total += 1
     return exact, total
+
+
+def messages_of(conv, turns, tokenizer):
+    """One conversation's ids as messages, each with its content's ids."""
+    role_of = {turns[f"<|{role}|>"]: role for role in ("system", "user", "assistant")}
+    messages, i = [], 0
+    while i < len(conv):
+        end = conv.index(turns["<|end|>"], i)
+        content = conv[i + 1 : end]
+        messages.append({"role": role_of[conv[i]], "content": tokenizer.decode(content), "ids": content})
+        i = end + 1
+    return messages
+
+
+def session_exact(candidate, conversations, turns, settings):
+    """(exact, total) of the later turns of multi-turn sessions (chat_exact_match's "multi")."""
+    from gptkit.chat_session import Session
+    from gptkit.generate import generate_stream
+
+    model, tokenizer = candidate.model, candidate.tokenizer
+    room = max(1, model.config.block_size // 2)  # sample.py --chat's room for a reply (its default)
+    stops = list(turns.values())
+    exact = total = 0
+    for first in range(0, len(conversations), SESSION_CONVERSATIONS):
+        group = [messages_of(c, turns, tokenizer) for c in conversations[first : first + SESSION_CONVERSATIONS]]
+        system = next((m["content"] for m in group[0] if m["role"] == "system"), None)
+        session = Session(model, tokenizer, system)
+        replied = 0
+        for messages in group:
+            for m in messages:
+                if m["role"] == "user":
+                    session.history.append({"role": "user", "content": m["content"]})
+                elif m["role"] == "assistant":
+                    reference = m["ids"] + [turns["<|end|>"]]
+                    try:
+                        prompt = session.prompt(room)  # the oldest turns dropped to leave room
+                    except UserError:
+                        session.history = session.history[-1:]  # a turn longer than the context: alone
+                        prompt = session.prompt(room)
+                    idx = torch.tensor([prompt], device=settings.device)
+                    with settings.autocast:
+                        steps = [int(t) for t in generate_stream(model, idx, 2 * len(reference) + 8,
+                                                                 temperature=0, stop_tokens=stops)]
+                    if replied:
+                        exact += steps[: len(reference)] == reference
+                        total += 1
+                    replied += 1
+                    own = steps[: next((k for k, t in enumerate(steps) if t in stops), len(steps))]
+                    session.history.append({"role": "assistant", "content": tokenizer.decode(own)})
+    return exact, total
+
+
+def exact_match_lines(result):
+    """eval.py's report of chat_exact_match: single-turn, then multi-turn sessions."""
+    def rate(exact, total):
+        return f"{exact:,} of {total:,} ({exact / total:.1%})" if total else "none to score"
+
+    single, multi = result.exact_match["single"], result.exact_match["multi"]
+    return (f"exact match, {result.name}: single turn {rate(*single)} replies (each given its "
+            f"conversation before it); multi-turn {rate(*multi)} later turns (sessions of "
+            f"{SESSION_CONVERSATIONS} conversations, each reply after the model's own earlier ones)")
 
 
 def evaluate_candidate(candidate, settings, texts=None, split=None, hellaswag_items=None, exact_match=False):

@@ -116,7 +116,9 @@ def test_exact_match_counts_the_replies_written_exactly(trained, tmp_path):
     r = run("eval.py", str(out), f"--data_dir={data}", "--dataset=noise", "--exact_match", "--json=-", "--no_progress")
     assert r.returncode == 0, r.stderr
     (result,) = json.loads(r.stdout)["models"]
-    assert result["exact_match"] == {"exact": 20, "replies": 20, "rate": 1.0}
+    assert result["exact_match"]["single"] == {"exact": 20, "replies": 20, "rate": 1.0}
+    multi = result["exact_match"]["multi"]  # 20 conversations in sessions of 8: 17 later turns
+    assert multi["replies"] == 20 - 3 and multi["rate"] >= 0.9
     untrained = tmp_path / "untrained"  # the same shape at initialisation writes no reply exactly
     from gptkit.checkpoint import load_checkpoint
     from train_helpers import write_run
@@ -125,7 +127,8 @@ def test_exact_match_counts_the_replies_written_exactly(trained, tmp_path):
     torch.manual_seed(0)
     write_run(untrained, GPT(GPTConfig(**ckpt["model_config"])), ckpt["tokenizer"])
     r = run("eval.py", str(untrained), f"--data_dir={data}", "--dataset=noise", "--exact_match", "--no_progress")
-    assert r.returncode == 0 and "exact match, untrained: 0 of 20 replies (0.0%)" in r.stdout
+    assert r.returncode == 0 and "exact match, untrained: single turn 0 of 20 (0.0%) replies" in r.stdout
+    assert "multi-turn 0 of 17 (0.0%) later turns" in r.stdout
 
 
 def test_in_a_terminal_it_prompts_streams_the_reply_and_ctrl_d_leaves(trained):

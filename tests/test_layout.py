@@ -191,3 +191,50 @@ def test_run_state_is_assigned_only_by_the_loop_and_its_own_methods():
                     if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) and sub.attr in fields and not own:
                         problems.append(f"{path.relative_to(REPO)}:{node.lineno} assigns .{sub.attr}")
     assert problems == []
+
+
+def test_only_train_py_steps_around_the_model():
+    """The step calls the model itself: no module but train.py defines
+    require_backward_grad_sync (DDP's switch, train.py's Forward passes it on) or a
+    __call__(x, y) that runs around the model's forward (a loss wrapper would hide a
+    second step inside the first)."""
+    problems = []
+    for path in [REPO / name for name in sorted(ROOT_SCRIPTS - {"train.py"})] + sorted((REPO / "gptkit").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef):
+                args = [a.arg for a in node.args.args]
+                if node.name == "require_backward_grad_sync":
+                    problems.append(f"{path.relative_to(REPO)}:{node.lineno} defines require_backward_grad_sync")
+                if node.name == "__call__" and args[1:] == ["x", "y"]:
+                    problems.append(f"{path.relative_to(REPO)}:{node.lineno} wraps the model's forward (x, y)")
+    assert problems == []
+
+
+def test_train_py_reads_from_the_top():
+    """train_step within the first 180 lines, run() within 90, and no chat branch in it:
+    the reader (gptkit/dataset.py's open_batches) is what differs for chat data."""
+    tree = ast.parse((REPO / "train.py").read_text(encoding="utf-8"))
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    assert functions["train_step"].lineno <= 180
+    run = functions["run"]
+    assert run.end_lineno - run.lineno + 1 <= 90
+    names = {n.id for n in ast.walk(run) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(run) if isinstance(n, ast.Attribute)}
+    strings = {n.value for n in ast.walk(run) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert not any("chat" in name.lower() for name in names) and "chat" not in strings
+
+
+def test_the_package_top_level_never_imports_training():
+    """Sampling, evaluation and export read checkpoints through gptkit/ alone
+    (gptkit/sharded.py, gptkit/run_state.py): no gptkit/*.py module imports gptkit.train."""
+    graph = project_imports()
+    problems = [f"{name} imports {dep}" for name, deps in graph.items()
+                if name.startswith("gptkit.") and not name.startswith("gptkit.train") and name.count(".") >= 1
+                for dep in deps if dep.startswith("gptkit.train")]
+    assert problems == []
+
+
+def test_the_files_a_learner_reads_keep_lines_within_100_characters():
+    long = [f"{name}:{i}" for name in ("model.py", "train.py", "sample.py")
+            for i, line in enumerate((REPO / name).read_text(encoding="utf-8").splitlines(), 1) if len(line) > 100]
+    assert long == []

@@ -15,6 +15,7 @@ import torch
 
 from gptkit.checkpoint import load_checkpoint
 from gptkit.errors import UserError, run_main
+from gptkit.train.settings import check_world_size
 import train
 from train_helpers import (
     REPO,
@@ -293,7 +294,7 @@ def test_gradient_accumulation_must_divide_across_ranks(tmp_path):
     from gptkit.config import parse_settings
     _, cfg = parse_settings(tiny_args(tmp_path, tmp_path / "out", gradient_accumulation_steps=5), [train.GPTConfig, train.TrainConfig])
     with pytest.raises(UserError, match="gradient_accumulation_steps=5 .* divisible by the number of ranks, 2"):
-        train.check_world_size(cfg, 2)
+        check_world_size(cfg, 2)
 
 
 def test_compile_failure_falls_back_to_eager(monkeypatch, capsys):
