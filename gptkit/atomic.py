@@ -57,7 +57,7 @@ def atomic_write(path, replace=True, folder=False, what="", kept="nothing was le
     publishing, is one RunFailed line, "could not write {what}{path}: ... ({kept})"."""
     path = Path(path)
     tmp = temp_path(path)
-    restore = _terminate_by_exception()
+    restore = terminate_by_exception()
     try:
         _remove(tmp)  # a leftover of an earlier process with this pid
         if folder:
@@ -182,7 +182,7 @@ def _remove(path):
             pass
 
 
-def _terminate_by_exception():
+def terminate_by_exception():
     """While a temporary exists, SIGTERM raises SystemExit(143) (so that the temporary is
     removed) where it would end the process on the spot; returns the undo, or None."""
     if threading.current_thread() is not threading.main_thread():
