@@ -33,6 +33,9 @@ import textwrap
 import time
 from pathlib import Path
 
+from gptkit.errors import quiet_start
+
+quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 import torch
 import torch.distributed
 
