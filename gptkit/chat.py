@@ -177,6 +177,8 @@ def read_messages(paths, errors="raise"):
     assistant turn, a lone surrogate) is a UserError naming its file and line, or
     skipped and counted with errors="skip"."""
     paths = [paths] if isinstance(paths, (str, Path)) else paths
+    if [str(p) for p in paths].count(STDIN) > 1:
+        raise UserError("--input names - (standard input) twice: it can be read only once")
     records, skipped = [], 0
     for file in [f for path in paths for f in chat_files(path)]:
         for number, raw in read_lines(file):

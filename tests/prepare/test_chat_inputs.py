@@ -138,3 +138,5 @@ def test_standard_input_a_pipe_and_json_files_in_a_folder_are_read(tmp_path):
         assert sum(load_meta(data, name)["chat"]["conversations"].values()) == 6
     got, _ = read_messages(tmp_path / "in")
     assert len(got) == 12 and got[6][0] == f"{tmp_path / 'in' / 'b.json'}:1"
+    with pytest.raises(UserError, match="names - \\(standard input\\) twice"):
+        read_messages(["-", "-"])
