@@ -19,6 +19,7 @@ everything else (the turn tokens, system and user content) is context (mask 0).
 import json
 import re
 import stat
+import sys
 from pathlib import Path
 
 from gptkit.errors import UserError
@@ -153,8 +154,6 @@ def read_lines(file):
     """(line number, raw bytes) of every line of `file` (- is standard input, read once):
     lines end at \\n only, as jsonl's do (U+2028 or U+0085 inside a message is text), a
     \\r before it is dropped (a Windows file), and a byte order mark at the start is skipped."""
-    import sys
-
     try:
         if file == STDIN:
             data = sys.stdin.buffer.read()

@@ -70,7 +70,8 @@ class TextStream:
             return
         if token >= self.tokenizer.vocab_size:  # a chat model's turn token, past its tokenizer's ids
             self._flush()
-            self._append(turn_marker(token, self.tokenizer.vocab_size))
+            if not self.stopped:  # the text before it may have held the stop string
+                self._append(turn_marker(token, self.tokenizer.vocab_size))
             return
         self.pending.append(token)
         piece = self.tokenizer.decode(self.pending)

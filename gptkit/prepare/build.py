@@ -104,7 +104,7 @@ def signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
         yield
     finally:
         for s, handler in previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
         for s in dict.fromkeys(pending):
             signal.raise_signal(s)
 
