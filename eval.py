@@ -27,6 +27,9 @@ matplotlib). A checkpoint folder named `plot` is written ./plot.
 import argparse
 import sys
 
+from gptkit.errors import quiet_start
+
+quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 import torch
 
 from gptkit import evaluation, hellaswag

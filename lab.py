@@ -17,6 +17,9 @@ import math
 import sys
 from dataclasses import dataclass
 
+from gptkit.errors import quiet_start
+
+quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 import torch
 
 from gptkit import params

@@ -56,6 +56,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gptkit.errors import quiet_start
+
+quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 import torch
 
 from gptkit import cpu_decode

@@ -30,6 +30,9 @@ import sys
 import time
 from pathlib import Path
 
+from gptkit.errors import quiet_start
+
+quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 import torch
 import torch.distributed
 

@@ -299,8 +299,25 @@ def per_token_cpu(run_n, run_1, n):
 
 
 def one_thread_tables(args):
-    import sys
+    """The --one_thread tables, from a temporary folder (the baby GPT's 43 MB checkpoint, the
+    logs, an inductor cache) that is removed afterwards, however the run ends."""
+    import shutil
     import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="bench-sample-"))
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    try:
+        return one_thread_tables_in(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if cache is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+
+
+def one_thread_tables_in(args, work):
+    import sys
 
     from benchmarks import one_thread
     from benchmarks.report import Table
@@ -309,7 +326,6 @@ def one_thread_tables(args):
     n = 40 if args.quick else args.new_tokens
     reps = 1 if args.quick else args.repeats
     bandwidth, flops = measure_floor_rates()
-    work = Path(tempfile.mkdtemp(prefix="bench-sample-"))
     model = save_nanogpt_baby(work / "baby", args.seed)
     n_params = sum(p.numel() for p in model.parameters())
     if nano is not None:

@@ -22,7 +22,8 @@ appeared after the claim (a second conversion to the same name, another program)
 is left untouched, and the command stops with one line (UserError, exit 2).
 
 Whatever ends the write early (an error, a full disk, Ctrl-C, SIGTERM) removes the
-temporary. SIGTERM's default would end the process on the spot, leaving it behind;
+temporary; one that a killed writer (kill -9) left is removed by the next write of
+the same name. SIGTERM's default would end the process on the spot, leaving it behind;
 while a temporary exists it raises SystemExit(143) instead, unless the program has
 a SIGTERM handler of its own (training stops cleanly at the end of a step).
 """
@@ -38,7 +39,8 @@ import threading
 from pathlib import Path
 
 from gptkit.errors import RunFailed, UserError
-from gptkit.paths import shown, temp_path
+from gptkit.lock import TEMP_PATTERN, pid_alive
+from gptkit.paths import shown, temp_name, temp_path
 
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
@@ -57,9 +59,10 @@ def atomic_write(path, replace=True, folder=False, what="", kept="nothing was le
     publishing, is one RunFailed line, "could not write {what}{path}: ... ({kept})"."""
     path = Path(path)
     tmp = temp_path(path)
-    restore = _terminate_by_exception()
+    restore = terminate_by_exception()
     try:
         _remove(tmp)  # a leftover of an earlier process with this pid
+        remove_stale_temporaries(path)  # those of killed writers of this name (kill -9 runs no clean-up)
         if folder:
             tmp.mkdir()
         yield tmp
@@ -72,6 +75,28 @@ def atomic_write(path, replace=True, folder=False, what="", kept="nothing was le
         _remove(tmp)  # gone already once published
         if restore is not None:
             restore()
+
+
+def remove_stale_temporaries(path):
+    """Remove the temporaries (files or folders) of `path` that a writer left when it was
+    killed (SIGKILL, a power cut): `.<name>.tmp-<pid>[-<hex>]` whose process is gone.
+    A live process's are kept. Returns the names removed."""
+    path = Path(path)
+    removed = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = TEMP_PATTERN.match(entry.name)
+        if not match:
+            continue
+        pid, tag = int(match.group(1)), match.group(1) + (match.group(2) or "")
+        if entry.name != temp_name(path.name, tag) or pid == os.getpid() or pid_alive(pid):
+            continue
+        _remove(Path(entry.path))
+        removed.append(entry.name)
+    return removed
 
 
 def publish(tmp, dest, replace=True):
@@ -182,7 +207,7 @@ def _remove(path):
             pass
 
 
-def _terminate_by_exception():
+def terminate_by_exception():
     """While a temporary exists, SIGTERM raises SystemExit(143) (so that the temporary is
     removed) where it would end the process on the spot; returns the undo, or None."""
     if threading.current_thread() is not threading.main_thread():

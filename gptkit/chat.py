@@ -18,6 +18,9 @@ everything else (the turn tokens, system and user content) is context (mask 0).
 """
 
 import json
+import re
+import stat
+import sys
 from pathlib import Path
 
 from gptkit.errors import UserError
@@ -86,11 +89,15 @@ def check_conversation(record):
     if not isinstance(record, dict) or not isinstance(record.get("messages"), list) or not record["messages"]:
         raise UserError('no "messages" list (expected {"messages": [{"role": ..., "content": ...}]})')
     for i, m in enumerate(record["messages"], 1):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in ROLES:
             role = m.get("role") if isinstance(m, dict) else None
-            raise UserError(f"message {i} has unknown role {role!r} (expected one of {', '.join(ROLES)})")
+            raise UserError(f"message {i} has unknown role {str(role)[:40]!r} (expected one of {', '.join(ROLES)})")
         if not isinstance(m.get("content"), str):
             raise UserError(f"message {i} has no text content")
+        bad = LONE_SURROGATE.search(m["content"])
+        if bad is not None:  # JSON can spell "\ud800", which is no character: no tokenizer or file can hold it
+            raise UserError(f"message {i} holds a lone surrogate U+{ord(bad.group()):04X} at character {bad.start()} "
+                            "(half of a UTF-16 pair, not a character)")
         if m["role"] == "assistant" and not m["content"].strip():
             raise UserError(f"message {i} is an empty assistant turn (it would have nothing to learn)")
     if not any(m["role"] == "assistant" for m in record["messages"]):
@@ -98,41 +105,87 @@ def check_conversation(record):
     return record["messages"]
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors put at the start of a file
+STDIN = "-"
+CHAT_SUFFIXES = (".jsonl", ".json")  # Hugging Face's to_json() writes jsonl under either name
+
+
+def parse_line(raw):
+    """The messages of one raw line (bytes, without its \\n), or a UserError saying why not:
+    invalid UTF-8, not JSON (nesting too deep or a number too long to read included), or
+    not a conversation (check_conversation)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"not UTF-8 text ({e.reason} at byte {e.start + 1} of the line)") from None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UserError(f"not JSON ({e.msg}, column {e.colno})") from None
+    except RecursionError:
+        raise UserError("not JSON this reader takes: nested too deeply") from None
+    except ValueError as e:  # an integer of over 4,300 digits (Python's limit on int("..."))
+        why = "a number of over 4,300 digits" if "digits" in str(e) else str(e).splitlines()[0][:120]
+        raise UserError(f"not JSON this reader takes ({why})") from None
+    return check_conversation(record)
+
+
 def chat_files(path):
-    """The jsonl files of `path`: the file itself, or a folder's *.jsonl (Hugging Face style), sorted."""
+    """The inputs of `path`: the file itself (a pipe, /dev/fd/N or - for standard input
+    included), or a folder's *.jsonl and *.json files (Hugging Face style), sorted."""
+    if str(path) == STDIN:
+        return [STDIN]
     path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*.jsonl") if p.is_file())
-        if not files:
-            raise UserError(f"{path} holds no .jsonl files of conversations")
-        return files
-    if not path.is_file():
+    try:
+        mode = path.stat().st_mode
+    except OSError:
         raise UserError(f"{path} is not a file or folder")
+    if stat.S_ISDIR(mode):
+        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in CHAT_SUFFIXES and p.is_file())
+        if not files:
+            raise UserError(f"{path} holds no .jsonl or .json files of conversations")
+        return files
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        raise UserError(f"{path} is a device, not a file of conversations, a pipe or -")
     return [path]
+
+
+def read_lines(file):
+    """(line number, raw bytes) of every line of `file` (- is standard input, read once):
+    lines end at \\n only, as jsonl's do (U+2028 or U+0085 inside a message is text), a
+    \\r before it is dropped (a Windows file), and a byte order mark at the start is skipped."""
+    try:
+        if file == STDIN:
+            data = sys.stdin.buffer.read()
+        else:
+            with open(file, "rb") as f:
+                data = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read {file}: {e.strerror}")
+    if data.startswith(BOM):
+        data = data[len(BOM):]
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        yield number, raw.removesuffix(b"\r")
 
 
 def read_messages(paths, errors="raise"):
     """Every conversation's messages under `paths` (files or folders), as a list of
     (where, messages) with where = "file:line", and the number of lines skipped.
 
-    A bad line (not JSON, no messages, an unknown role, an empty assistant turn) is a
-    UserError naming its file and line, or skipped and counted with errors="skip"."""
+    A bad line (invalid UTF-8, not JSON, no messages, an unknown role, an empty
+    assistant turn, a lone surrogate) is a UserError naming its file and line, or
+    skipped and counted with errors="skip"."""
     paths = [paths] if isinstance(paths, (str, Path)) else paths
+    if [str(p) for p in paths].count(STDIN) > 1:
+        raise UserError("--input names - (standard input) twice: it can be read only once")
     records, skipped = [], 0
     for file in [f for path in paths for f in chat_files(path)]:
-        try:
-            lines = file.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as e:
-            raise UserError(f"{file}: not UTF-8 text ({e.reason} at byte {e.start})")
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
+        for number, raw in read_lines(file):
+            if not raw.strip():
                 continue
             try:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise UserError(f"not JSON ({e.msg})")
-                records.append((f"{file}:{number}", check_conversation(record)))
+                records.append((f"{file}:{number}", parse_line(raw)))
             except UserError as e:
                 if errors != "skip":
                     raise UserError(f"{file}:{number}: {e}") from None

@@ -40,21 +40,25 @@ class Session:
         if self.system is not None:
             self.tokenizer.encode(self.system)  # a character outside a char vocabulary fails now, in one line
 
-    def messages(self):
+    def messages(self, history=None):
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return system + self.history
+        return system + (self.history if history is None else history)
 
     def prompt(self, room):
-        """The prompt for the next reply, the oldest turns dropped until it leaves `room` tokens free."""
+        """The prompt for the next reply, the oldest turns dropped until it leaves `room` tokens
+        free. A last message too long for the context is a UserError that leaves the history
+        as it was (the conversation goes on without that message)."""
         block = self.model.config.block_size
+        history = self.history
         while True:
-            ids = prompt_ids(self.messages(), self.tokenizer.encode, self.tokenizer.vocab_size)
-            if len(ids) + room <= block or len(self.history) <= 1:
+            ids = prompt_ids(self.messages(history), self.tokenizer.encode, self.tokenizer.vocab_size)
+            if len(ids) + room <= block or len(history) <= 1:
                 break
-            self.history = self.history[2:] if self.history[0]["role"] == "user" and len(self.history) > 2 else self.history[1:]
+            history = history[2:] if history[0]["role"] == "user" and len(history) > 2 else history[1:]
         if len(ids) >= block:
             raise UserError(f"this message and the system prompt take {len(ids)} tokens, more than the model's "
                             f"context of {block}: write a shorter one")
+        self.history = history
         return ids
 
 
@@ -77,13 +81,27 @@ def reply(session, text, cfg, device, on_text=None, turn=0):
     return answer
 
 
+def read_line(lines, number):
+    """The next line of a pipe or file without its line end (\\n, or a Windows file's \\r\\n),
+    None at its end; a line that is not UTF-8 is a UserError naming it."""
+    raw = lines.buffer.readline() if hasattr(lines, "buffer") else lines.readline()
+    if not raw:
+        return None
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"standard input, line {number}: not UTF-8 text ({e.reason} at byte {e.start + 1})") from None
+    return raw.removesuffix("\n").removesuffix("\r")
+
+
 def talk(session, cfg, device, lines=sys.stdin, write=print):
     """The conversation loop: in a terminal, a prompt and a streamed reply per line; from a
     pipe or file, one reply a line on stdout and errors as for any command."""
     interactive = lines.isatty()
     if interactive:
         print("chat: type a message and press Enter; Ctrl-D leaves", file=sys.stderr)
-    turn = 0
+    turn, number = 0, 1
     while True:
         if interactive:
             try:
@@ -91,11 +109,14 @@ def talk(session, cfg, device, lines=sys.stdin, write=print):
             except EOFError:
                 print(file=sys.stderr)
                 return 0
+            except UnicodeDecodeError as e:
+                print(f"error: that line is not UTF-8 text ({e.reason}): type it again", file=sys.stderr)
+                continue
         else:
-            text = lines.readline()
-            if not text:
+            text = read_line(lines, number)
+            if text is None:
                 return 0
-            text = text.rstrip("\n")
+            number += 1
         if not text.strip():
             continue
         try:

@@ -15,7 +15,7 @@ reported the same way.
 
 import dataclasses
 import difflib
-import math
+import decimal
 import runpy
 import sys
 import types
@@ -91,12 +91,16 @@ def parse_value(text, tp):
         raise ValueError("expected true/false/1/0")
     if inner is int:
         try:
-            as_float = float(text)  # accepts 5000 and 5e3
+            return int(text)  # exact at any size: 9007199254740993 is not rounded to ...992 as a float would be
         except ValueError:
+            pass
+        try:
+            exact = decimal.Decimal(text.strip())  # also 5e3 for 5000, exactly (a float rounds past 2**53)
+        except decimal.InvalidOperation:
             raise ValueError("expected an integer") from None
-        if not math.isfinite(as_float) or as_float != int(as_float):
+        if not exact.is_finite() or exact.adjusted() > 4300 or exact != exact.to_integral_value():
             raise ValueError("expected an integer")
-        return int(as_float)
+        return int(exact)
     if inner is float:
         try:
             return float(text)

@@ -153,8 +153,8 @@ def read_meta_file(folder, meta_path, fix):
     try:
         raw = read_regular(inside(folder, "meta.json", "the dataset file"), MAX_META_BYTES, meta_path)
         meta = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise UserError(f"{meta_path} is not valid JSON ({e}): {fix}")
+    except (ValueError, RecursionError) as e:  # ValueError: bad JSON, bad UTF-8, a number of 4,300+ digits
+        raise UserError(f"{meta_path} is not valid JSON ({str(e)[:200] or 'nested too deeply'}): {fix}")
     if not isinstance(meta, dict):
         raise UserError(f"{meta_path} holds a {type(meta).__name__}, not an object: {fix}")
     return meta

@@ -89,6 +89,39 @@ def _out_of_memory(e):
     return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or any(s in text for s in signs)
 
 
+# What requirements.txt installs (and the optional packages some commands import): an
+# ImportError naming one of them is a setup to fix, said in one line, not a traceback.
+REQUIREMENTS = ("torch", "numpy", "tiktoken", "rustbpe", "tqdm", "wandb", "safetensors", "gguf", "matplotlib",
+                "transformers", "peft", "llama_cpp")
+
+
+def missing_requirement(error):
+    """The one line for an ImportError of a package this project needs, else None."""
+    name = (getattr(error, "name", None) or "").partition(".")[0]
+    if not isinstance(error, ImportError) or name not in REQUIREMENTS:
+        return None
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "this command"
+    return (f"error: {prog} needs {name}, which cannot be imported here ({first_line(error, 120)}): "
+            "install the requirements, pip install -r requirements.txt")
+
+
+def quiet_start():
+    """Called by a root script before its heavy imports (torch, numpy): a Ctrl-C while
+    they load is "interrupted" (exit 130) and a missing requirement one line naming it
+    (exit 2), as run_main says them once main runs, instead of a traceback."""
+    previous = sys.excepthook
+
+    def hook(kind, error, traceback):
+        line = "interrupted" if issubclass(kind, KeyboardInterrupt) else missing_requirement(error)
+        if line is None:
+            return previous(kind, error, traceback)
+        print(line, file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED if line == "interrupted" else EXIT_USER_ERROR)
+
+    sys.excepthook = hook
+
+
 def catch_ctrl_c():
     """Make Ctrl-C raise KeyboardInterrupt in this process, even when SIGINT came in
     ignored (a launcher, or `cmd &` in a script, starts a program that way): our
@@ -125,6 +158,12 @@ def run_main(main, argv=None):
             time.sleep(QUIET_RANK_WAIT_S)
     except PeerFailed:
         code = EXIT_FAILED
+    except ImportError as e:
+        line = missing_requirement(e)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        code = EXIT_USER_ERROR
     except (MemoryError, RuntimeError) as e:
         if not _out_of_memory(e):
             raise

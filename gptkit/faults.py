@@ -8,6 +8,8 @@ variable GPT_FAULTS to a comma-separated list, e.g.
     GPT_FAULTS=exit_during_save         the process dies (os._exit) halfway through a checkpoint write
     GPT_FAULTS=sigterm_at=5             the process sends itself SIGTERM at iteration 5 (a stop on cue)
     GPT_FAULTS=exit_during_prepare      prepare.py dies halfway through writing its bins
+    GPT_FAULTS=sigterm_during_prepare   prepare.py sends itself SIGTERM there instead
+    GPT_FAULTS=sigterm_during_commit    prepare.py sends itself SIGTERM between its renames
     GPT_FAULTS=fail_at=3,fail_rank=1    rank 1 raises a RuntimeError in its forward pass at iteration 3
     GPT_FAULTS=fail_at=3,fail_kind=user the same as a UserError (a bad batch), on every rank without fail_rank
 
@@ -41,6 +43,12 @@ def maybe_exit(name):
     """Die at once, as kill -9 would, when fault `name` is set."""
     if name in active():
         os._exit(137)
+
+
+def maybe_sigterm(name):
+    """Send this process SIGTERM (a stop on cue) when fault `name` is set."""
+    if name in active():
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def maybe_exit_during_save():

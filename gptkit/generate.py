@@ -17,6 +17,7 @@ import weakref
 import torch
 
 from gptkit import cpu_decode
+from gptkit.chat import TURN_TOKENS
 from gptkit.compiled_decode import CompiledDecoder
 from gptkit.sampling import check_sampling_options, choose_next_token
 from model import KVCache
@@ -37,6 +38,13 @@ def held_back(text, stop):
 def end_of_text(tokenizer):
     """The tokens that end a sample by default: the tokenizer's end of text, if it has one."""
     return [] if tokenizer.eot_id is None else [tokenizer.eot_id]
+
+
+def turn_marker(token, base_vocab_size):
+    """The text of an id past the tokenizer's vocabulary: a chat model's turn token as its
+    marker (<|end|>, docs/chat.md), written out when sampling without --chat."""
+    i = token - base_vocab_size
+    return TURN_TOKENS[i] if i < len(TURN_TOKENS) else f"<|id {token}|>"
 
 
 class TextStream:
@@ -63,6 +71,11 @@ class TextStream:
             self.close()
             self.stopped = True
             return
+        if token >= self.tokenizer.vocab_size:  # a chat model's turn token, past its tokenizer's ids
+            self._flush()
+            if not self.stopped:  # the text before it may have held the stop string
+                self._append(turn_marker(token, self.tokenizer.vocab_size))
+            return
         self.pending.append(token)
         piece = self.tokenizer.decode(self.pending)
         if piece.endswith(REPLACEMENT) and len(self.pending) < MAX_PENDING:
@@ -78,10 +91,14 @@ class TextStream:
             if found >= 0:
                 self.text, self.stopped = self.text[:found], True
 
-    def close(self):
+    def _flush(self):
         if self.pending and not self.stopped:
             self._append(self.tokenizer.decode(self.pending))
-        self.pending, self.closed = [], True
+        self.pending = []
+
+    def close(self):
+        self._flush()
+        self.closed = True
 
     def take_new(self):
         """The text not handed out yet, minus a tail that may begin the stop string."""

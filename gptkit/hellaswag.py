@@ -73,6 +73,8 @@ def read_items(path):
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise UserError(f"{where}: not valid JSON ({e.msg}, column {e.colno})")
+            except (ValueError, RecursionError):  # a number of over 4,300 digits, nesting too deep
+                raise UserError(f"{where}: not JSON this reader takes (nested too deeply, or a number of over 4,300 digits)") from None
             if not isinstance(row, dict):
                 raise UserError(f"{where}: not a JSON object")
             ctx, endings, label = row.get("ctx"), row.get("endings"), row.get("label")

@@ -13,7 +13,8 @@ loads a model, so that a destination that cannot work is refused in one line
                            PATH_MAX (4096): the system refuses to create it
     the wrong kind         a file wanted where a folder is (or a symlink to one), a device or
                            FIFO such as /dev/full, a file where a folder is wanted
-    already there          a file (or a non-empty folder) that would be overwritten, unless
+    already there          a file, a non-empty folder or a symlink of any kind (to nothing
+                           included) that would be overwritten or written through, unless
                            `overwrite` says the command replaces what is there on purpose
     not writable           tried by creating (and removing) a temporary file where the
                            command will write: os.access() says yes to root, but a read-only
@@ -109,6 +110,11 @@ def claim_output(path, kind="file", overwrite=False, what="the output"):
         if not overwrite and (kind == "file" or any(real.iterdir())):
             what_is = "" if kind == "file" else " and is not empty"
             raise UserError(f"{label} already exists{what_is}: give a new {kind} name or remove it (nothing is overwritten)")
+    if not overwrite and os.path.islink(path):  # a symlink, even one to nothing (which exists() denies)
+        target = os.readlink(path)
+        dangling = "" if os.path.exists(path) else ", which does not exist"
+        raise UserError(f"{label} already exists (a symlink to {shown(target)}{dangling}): give a new {kind} name "
+                        "or remove it (nothing is written through a symlink)")
     if kind == "folder" and st is not None and overwrite:
         _check_writable(real, label)  # written into
     else:

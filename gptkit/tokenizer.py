@@ -222,8 +222,8 @@ class BPETokenizer:
         """Rebuild from tokenizer.json's text, checking it (a UserError naming `source`)."""
         try:
             d = json.loads(text)
-        except (json.JSONDecodeError, TypeError) as e:
-            raise UserError(f"{source} is not valid JSON ({e})")
+        except (ValueError, TypeError, RecursionError) as e:  # ValueError: a number of 4,300+ digits too
+            raise UserError(f"{source} is not valid JSON ({str(e)[:200] or 'nested too deeply'})")
         if not isinstance(d, dict) or d.get("format") != BPE_FORMAT:
             raise UserError(f"{source} is not a {BPE_FORMAT} tokenizer file (no \"format\": \"{BPE_FORMAT}\")")
         if not isinstance(d.get("version"), int) or d["version"] > BPE_FORMAT_VERSION:

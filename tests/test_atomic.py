@@ -187,3 +187,28 @@ def test_runfailed_is_what_a_write_error_becomes(tmp_path):
         with atomic_write(tmp_path / "no-such-folder" / "f") as tmp:
             tmp.write_text("x")
     assert names(tmp_path) == []
+
+
+def test_a_killed_writers_temporaries_are_removed_by_the_next_write_of_that_name(tmp_path):
+    # A --to gguf or --to hf killed with SIGKILL left its hidden temporary (49 MB for a small
+    # GGUF), and the next export to that name succeeded and left it there for ever.
+    child = textwrap.dedent(f"""
+        import os
+        from gptkit.atomic import atomic_write
+        with atomic_write({str(tmp_path / "out.gguf")!r}, replace=False) as a:
+            with atomic_write({str(tmp_path / "hf")!r}, replace=False, folder=True) as b:
+                a.write_bytes(b"x" * 1000)
+                (b / "model.safetensors").write_bytes(b"y" * 1000)
+                os._exit(137)  # as kill -9: no clean-up runs
+    """)
+    result = subprocess.run([sys.executable, "-c", child], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 137, result.stderr
+    assert len(names(tmp_path)) == 2 and all(".tmp-" in n for n in names(tmp_path))
+    (tmp_path / ".out.gguf.tmp-1").write_text("a live writer's (pid 1 is alive)")
+    (tmp_path / ".other.gguf.tmp-999999999").write_text("another name's: its own next write removes it")
+    with atomic_write(tmp_path / "out.gguf", replace=False) as tmp:
+        tmp.write_text("new")
+    with atomic_write(tmp_path / "hf", replace=False, folder=True) as tmp:
+        (tmp / "config.json").write_text("{}")
+    assert names(tmp_path) == [".other.gguf.tmp-999999999", ".out.gguf.tmp-1", "hf", "out.gguf"]
+    assert names(tmp_path / "hf") == ["config.json"]

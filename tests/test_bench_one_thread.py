@@ -1,6 +1,7 @@
 """benchmarks/one_thread.py and bench_sample's --one_thread arithmetic: CPU seconds of a
 child process, the nanoGPT checkout check, the whole-split loss, the per-token floor."""
 
+import os
 import sys
 
 import numpy as np
@@ -55,3 +56,29 @@ def test_per_token_cost_and_floor():
     assert floor_ms(1_000_000, 1, 4e9, 1e9) == pytest.approx(2.0)
     assert floor_ms(1_000_000, 1, 1e9, 1e12) == pytest.approx(4.0)
     assert floor_ms(1_000_000, 10, 1e9, 1e12) == pytest.approx(0.4)  # ten rows share one read
+
+
+def test_the_one_thread_tables_leave_nothing_in_the_temporary_folder(tmp_path, monkeypatch):
+    # bench.py sample --one_thread left its work folder (the baby GPT's 43 MB checkpoint) behind every run.
+    import argparse
+    import tempfile
+
+    import torch
+
+    from benchmarks import bench_sample
+
+    def baby(folder, seed):
+        folder.mkdir(parents=True)
+        (folder / "ckpt.pt").write_bytes(b"x" * 1000)
+        return torch.nn.Linear(4, 4)
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(bench_sample, "measure_floor_rates", lambda: (1e10, 1e10))
+    monkeypatch.setattr(bench_sample, "save_nanogpt_baby", baby)
+    monkeypatch.setattr(one_thread, "run_one_thread", lambda command, cwd, log: {"cpu_s": 2.0 if "40" in command[-1] else 1.0, "wall_s": 1.0})
+    monkeypatch.setattr(bench_sample, "one_thread_batched_table", lambda *a: "batched")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    args = argparse.Namespace(quick=True, nanogpt=None, new_tokens=40, repeats=1, seed=1, no_exact=False)
+    tables = bench_sample.one_thread_tables(args)
+    assert len(tables) == 2 and tables[1] == "batched"
+    assert list(tmp_path.iterdir()) == [] and "TORCHINDUCTOR_CACHE_DIR" not in os.environ

@@ -161,3 +161,12 @@ def test_in_a_terminal_it_prompts_streams_the_reply_and_ctrl_d_leaves(trained):
     _, status = os.waitpid(pid, 0)
     text = seen.decode().replace("\r\n", "\n")
     assert "Ctrl-D leaves\n> qwer asdf\nI hear you.\n> " in text and os.WEXITSTATUS(status) == 0
+
+
+def test_sampling_a_chat_model_without_chat_writes_its_turn_markers(trained):
+    # It was a traceback (IndexError) as soon as the model wrote a turn token.
+    _, out = trained
+    r = run("sample.py", f"--out_dir={out}", "--start=qwer asdf", "--max_new_tokens=60", "--num_samples=1",
+            "--temperature=0")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "<|end|>" in r.stdout, r.stdout

@@ -84,6 +84,24 @@ def test_bad_values_are_named(argv, fragment):
     assert fragment in str(e.value)
 
 
+def test_integers_are_parsed_exactly_at_any_size():
+    # Integers went through float(): --seed=9007199254740993 and ...992 were the same seed,
+    # and sample.py's documented largest seed, 2**63 - 1, was refused as 2**63.
+    from sample import SampleConfig
+
+    for text, value in [("9007199254740993", 2**53 + 1), ("9007199254740992", 2**53), ("5e3", 5000), ("1e17", 10**17),
+                        ("-4", -4), ("1_000", 1000)]:
+        (train, _) = parse(["--max_iters", text])
+        assert train.max_iters == value and isinstance(train.max_iters, int), text
+    (cfg,) = parse_settings([f"--seed={2**63 - 1}"], [SampleConfig], prog="sample.py")
+    assert cfg.seed == 2**63 - 1
+    with pytest.raises(UserError, match="must be between 0 and 2\\*\\*63 - 1"):
+        parse_settings([f"--seed={2**63}"], [SampleConfig], prog="sample.py")
+    for text in ("2.5", "1e-3", "1e99999", "nan", "0x10"):
+        with pytest.raises(UserError, match="expected an integer"):
+            parse(["--max_iters", text])
+
+
 def test_infinite_int_is_a_bad_value_not_a_crash():
     with pytest.raises(UserError, match="bad value for --max_iters"):
         parse(["--max_iters", "inf"])

@@ -196,6 +196,8 @@ BYTES = [chr(i) for i in range(256)]
 
 @pytest.mark.parametrize("text,match", [
     ("{not json", r"is not valid JSON"),
+    pytest.param("[" * 100_000, r"is not valid JSON \(nested too deeply|is not valid JSON \(maximum recursion", id="nested"),
+    pytest.param('{"format": ' + "9" * 5000 + "}", r"is not valid JSON \(Exceeds the limit \(4300 digits\)", id="digits"),
     (tokens_json(BYTES + ["th", "th"]), r"some token appears twice"),
     (tokens_json(BYTES + ["th", "\u0100x"]), r"a token holds a character above U\+00FF"),
     (tokens_json(BYTES + ["th", ""]), r'"tokens" must be a list of non-empty strings'),
@@ -237,3 +239,19 @@ def test_train_refuses_a_re_pinned_malformed_tokenizer_before_the_first_step(tmp
     with pytest.raises(UserError, match=r"some token appears twice"):
         train.main(tiny_args(tmp_path / "data", tmp_path / "out", dataset="b", block_size=8))
     assert not (tmp_path / "out" / "ckpt.pt").exists() and not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_hostile_json_in_meta_json_or_a_hellaswag_file_is_one_line(tmp_path):
+    # Deep nesting and a 5,000-digit number were tracebacks (RecursionError, ValueError).
+    from gptkit import hellaswag
+
+    folder = write_char_dataset(tmp_path, name="c", text="abcabc" * 100)
+    for text in ("[" * 100_000, '{"vocab_size": ' + "9" * 5000 + "}"):
+        (folder / "meta.json").write_text(text)
+        with pytest.raises(UserError, match=r"meta.json is not valid JSON \(.+\): "):
+            data.load_meta(tmp_path, "c")
+    path = tmp_path / "hs.jsonl"
+    for text in ("[" * 100_000, '{"ctx": "a", "n": ' + "9" * 5000 + "}"):
+        path.write_text(text + "\n")
+        with pytest.raises(UserError, match=r"hs.jsonl, line 1: not JSON this reader takes"):
+            hellaswag.read_items(path)

@@ -138,3 +138,22 @@ def test_text_stream_never_splits_a_utf8_character(tiktoken_available):
     pieces.append(stream.take_new())
     assert "".join(pieces) == text
     assert not any("\ufffd" in p for p in pieces)
+
+
+@pytest.mark.parametrize("kind", ["char", "gpt2"])
+def test_a_chat_models_turn_tokens_are_written_as_their_markers_without_chat(kind, request):
+    # sample.py without --chat on a chat model was a traceback once the model wrote a turn
+    # token (IndexError in the char tokenizer, KeyError in tiktoken for GPT-2's ids past 50256).
+    if kind == "gpt2":
+        request.getfixturevalue("tiktoken_available")
+    tok = CharTokenizer(CHARS) if kind == "char" else tokenizer_from_dict({"type": "gpt2"})
+    v = tok.vocab_size
+    stream = generate.TextStream(tok, stop_tokens=[])
+    for i in [*tok.encode("ab"), v + 3, v + 1, *tok.encode("c"), v + 2, v + 3]:
+        stream.push(i)
+    stream.close()
+    assert stream.text == "ab<|end|><|user|>c<|assistant|><|end|>"
+    stop = generate.TextStream(tok, stop="<|user|>", stop_tokens=[])  # a --stop string can name a marker
+    for i in [*tok.encode("ab"), v + 3, v + 1, *tok.encode("c")]:
+        stop.push(i)
+    assert stop.stopped and stop.text == "ab<|end|>"

@@ -11,6 +11,8 @@ import sys
 import pytest
 import torch
 
+import convert
+
 from gptkit.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint, write_text_atomic
 from gptkit.errors import UserError
 from gptkit.paths import NAME_MAX, claim_output, temp_name
@@ -117,11 +119,32 @@ def test_the_wrong_kind_of_thing_at_the_destination(tmp_path):
     (tmp_path / "full" / "x").write_text("x")
     with pytest.raises(UserError, match="full already exists and is not empty"):
         claim_output(tmp_path / "full", "folder")
-    # What may be written: a new file, a replaced one, a symlink to an empty folder (its target).
+    # What may be written: a new file, a replaced one, a symlink to a folder written into (its target).
     assert claim_output(tmp_path / "old.pt", "file", overwrite=True) == tmp_path / "old.pt"
-    assert claim_output(tmp_path / "link", "folder") == tmp_path / "empty"
+    assert claim_output(tmp_path / "link", "folder", overwrite=True) == tmp_path / "empty"
     assert claim_output(tmp_path / "new" / "deeper", "folder", overwrite=True) == tmp_path / "new" / "deeper"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "full", "link", "old.pt"]  # no probe left
+
+
+def test_a_symlink_of_any_kind_is_an_existing_destination(tmp_path):
+    # A symlink to nothing was written through (convert.py RUN out.gguf --to gguf, exit 0):
+    # every destination that is not overwritten on purpose refuses a symlink, dangling or not.
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "to-empty").symlink_to(tmp_path / "empty")
+    (tmp_path / "to-nothing.gguf").symlink_to(tmp_path / "nowhere.gguf")
+    (tmp_path / "to-nothing").symlink_to(tmp_path / "nowhere")
+    for name, kind in [("to-nothing.gguf", "file"), ("to-nothing", "folder"), ("to-empty", "folder")]:
+        with pytest.raises(UserError, match=f"{name} already exists \\(a symlink to .*\\): give a new {kind} name"):
+            claim_output(tmp_path / name, kind)
+    with pytest.raises(UserError, match="which does not exist"):
+        claim_output(tmp_path / "to-nothing.gguf", "file")
+    result = run("convert.py", str(tmp_path / "no-such-run"), str(tmp_path / "to-nothing.gguf"), "--to", "gguf")
+    assert "to-nothing.gguf already exists (a symlink to" in one_line(result)
+    for to, dest in [("pt", "to-nothing.gguf"), ("hf", "to-nothing"), ("hf", "to-empty")]:
+        with pytest.raises(UserError, match="already exists \\(a symlink to"):
+            convert.main([str(tmp_path / "no-such-run"), str(tmp_path / dest), "--to", to])
+    assert sorted(os.listdir(tmp_path)) == ["empty", "to-empty", "to-nothing", "to-nothing.gguf"]
+    assert list((tmp_path / "empty").iterdir()) == []
 
 
 def test_a_name_near_the_limit_still_gets_a_temporary_name_that_fits(tmp_path):

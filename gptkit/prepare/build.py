@@ -24,14 +24,16 @@ import contextlib
 import os
 import re
 import secrets
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
 from gptkit import faults
-from gptkit.atomic import fsync_dir, publish
+from gptkit.atomic import fsync_dir, publish, terminate_by_exception
 from gptkit.errors import UserError
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
 from gptkit.paths import TEMP_MARK, claim_output
@@ -66,18 +68,45 @@ def write_synced(path, text):
         os.fsync(f.fileno())
 
 
-def commit_dataset(folder, tmp, names, kind):
+DATASET_FILES = ("train.bin", "val.bin", "train_mask.bin", "val_mask.bin", BPE_FILE, "meta.json")  # every kind's
+
+
+def commit_dataset(folder, tmp, names):
     """Publish the temporaries tmp[name] of a new dataset as folder/name. A dataset is
-    complete only when meta.json exists, so the old one goes first: a kill between the
-    renames leaves files without meta.json (nothing that looks valid), never new files
-    beside an old meta.json."""
-    (folder / "meta.json").unlink(missing_ok=True)
-    if kind != "bpe":
-        (folder / BPE_FILE).unlink(missing_ok=True)  # an earlier BPE dataset's: no longer described
-    fsync_dir(folder)
-    for name in names:
-        publish(tmp[name], folder / name)  # replaces the previous dataset's file
-    fsync_dir(folder)
+    complete only when meta.json exists, so the old one goes first: a kill -9 between
+    the renames leaves files without meta.json (nothing that looks valid), never new
+    files beside an old meta.json. Ctrl-C and SIGTERM wait for the last rename, so
+    they leave the previous dataset whole or the new one complete. The files of
+    another kind of dataset (an earlier BPE's tokenizer.json, a chat dataset's masks)
+    are removed: nothing describes them any more."""
+    with signals_held():
+        (folder / "meta.json").unlink(missing_ok=True)
+        for name in DATASET_FILES:
+            if name not in names:
+                (folder / name).unlink(missing_ok=True)
+        fsync_dir(folder)
+        faults.maybe_sigterm("sigterm_during_commit")  # test-only: a stop between the renames
+        for name in names:
+            publish(tmp[name], folder / name)  # replaces the previous dataset's file
+        fsync_dir(folder)
+
+
+@contextlib.contextmanager
+def signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
+    """Hold Ctrl-C and SIGTERM back while the block runs; one that came meanwhile is
+    delivered (to the handler there was before) as soon as it ends. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending = []
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
+        for s in dict.fromkeys(pending):
+            signal.raise_signal(s)
 
 
 def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool, workers, chunk_chars, bar, bpe=None):
@@ -113,6 +142,7 @@ def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool
                 done_chars += n_chars
                 if done_chars >= halfway:
                     faults.maybe_exit("exit_during_prepare")  # test-only: die with the bins half written
+                    faults.maybe_sigterm("sigterm_during_prepare")
                 tokens = counts["train"] + counts["val"]
                 bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s", refresh=False)
             for f in (f_train, f_val):
@@ -140,7 +170,7 @@ def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool
         }
         meta["fingerprint"] = fingerprint(meta)
         write_synced(tmp["meta.json"], meta_json(meta))
-        commit_dataset(folder, tmp, names, kind)
+        commit_dataset(folder, tmp, names)
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)
@@ -184,10 +214,13 @@ def locked_dataset_folder(folder):
     are removed again: a run that wrote nothing leaves no trace."""
     created = [p for p in (folder, *folder.parents) if not p.exists()]
     lock = FolderLock(folder, "prepare.py", "use another --name").acquire()
+    restore = terminate_by_exception()  # SIGTERM then removes the temporaries as an error does
     try:
         remove_stale_temps(folder)
         yield
     except BaseException:
+        if restore is not None:
+            restore()
         lock.release()
         if created:
             (folder / LOCK_NAME).unlink(missing_ok=True)
@@ -196,6 +229,8 @@ def locked_dataset_folder(folder):
                     break
                 made.rmdir()
         raise
+    if restore is not None:
+        restore()
     lock.release()
 
 def prepare_dataset(

@@ -120,7 +120,7 @@ def prepare_chat_dataset(inputs, kind, folder, val_fraction, errors, block_size,
         }
         meta["fingerprint"] = fingerprint(meta | {"sources": [{"sha256": digest(encoded)}]})
         write_synced(tmp["meta.json"], meta_json(meta))
-        commit_dataset(folder, tmp, names, kind)
+        commit_dataset(folder, tmp, names)
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)

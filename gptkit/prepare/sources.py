@@ -179,12 +179,19 @@ def jsonl_texts(source, errors, on_raw=None):
                 on_raw(raw)
             line = decode(raw, source, offset, errors)
             offset += len(raw)
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")  # a byte order mark some editors write
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise UserError(f"{source.shown}, line {lineno}: not valid JSON ({e.msg}, column {e.colno})")
+            except RecursionError:
+                raise UserError(f"{source.shown}, line {lineno}: not JSON this reader takes: nested too deeply") from None
+            except ValueError:  # an integer of over 4,300 digits (Python's limit on int("..."))
+                raise UserError(f"{source.shown}, line {lineno}: not JSON this reader takes (a number of over 4,300 "
+                                "digits)") from None
             if not isinstance(record, dict) or "text" not in record:
                 raise UserError(f'{source.shown}, line {lineno}: no "text" field (each line must be {{"text": "..."}})')
             text = record["text"]

@@ -261,6 +261,14 @@ def test_bad_jsonl_lines_are_named(tmp_path):
     assert_fails(tmp_path, args, r'd.jsonl, line 2: no "text" field')
     path.write_text('{"text": "ok"}\n{"text": 42}\n')
     assert_fails(tmp_path, args, r'd.jsonl, line 2: "text" is a int, not a string')
+    # deep nesting and a 5,000-digit number were tracebacks (RecursionError, ValueError)
+    path.write_text('{"text": "ok"}\n{"text": "x", "n": ' + "[" * 100_000 + "\n")
+    assert_fails(tmp_path, args, r"d.jsonl, line 2: not JSON this reader takes: nested too deeply")
+    path.write_text('{"text": "ok"}\n{"text": "x", "n": ' + "9" * 5000 + "}\n")
+    assert_fails(tmp_path, args, r"d.jsonl, line 2: not JSON this reader takes \(a number of over 4,300 digits\)")
+    path.write_bytes(b'\xef\xbb\xbf{"text": "a bom first"}\n{"text": "and more text"}\n')  # line 1 was "not valid JSON"
+    prepare.main(args + ["--out_dir", str(tmp_path / "bom"), "--quiet"])
+    assert "".join(decode_both(tmp_path / "bom" / "x")) == "a bom first" + "and more text"
 
 
 def test_lone_surrogates_in_jsonl_are_named_or_replaced(tmp_path):
