@@ -51,7 +51,7 @@ from gptkit.train import optim
 from gptkit.train import setup
 from gptkit.train.checkpointer import Checkpointer
 from gptkit.train.mfu import estimate_mfu, measure_peak
-from gptkit.train.out_dir import OutDir
+from gptkit.train.out_dir import claim_out_dir
 from gptkit.train.run_state import RunState, provenance
 from gptkit.train.setup import check_batch_sizes, check_world_size, embedding_heavy_note
 from model import GPTConfig
@@ -85,9 +85,10 @@ class TrainConfig:
     eval_only: bool = setting(False, "evaluate once, print the losses and exit (writes nothing)")
     always_save_checkpoint: bool = setting(True, "save ckpt.pt at every eval; false: only when the "
                                            "val loss improves")
-    init_from: str = setting("scratch", "scratch | resume (out_dir/ckpt.pt) | gpt2 | gpt2-medium | "
-                             "gpt2-large | gpt2-xl | a local Hugging Face folder | a checkpoint "
-                             "file (fine-tune a run of ours)")
+    init_from: str = setting("scratch", "scratch | resume (out_dir/ckpt.pt) | auto (resume this "
+                             "run's checkpoint in out_dir, else scratch: for restarts) | gpt2 | "
+                             "gpt2-medium | gpt2-large | gpt2-xl | a local Hugging Face folder | a "
+                             "checkpoint file (fine-tune a run of ours)")
     # logging
     wandb_log: bool = setting(False, "also log to Weights & Biases (WANDB_MODE=offline works "
                               "without a network)")
@@ -418,7 +419,7 @@ def train(model_cfg, cfg):
     claim, ok = None, False
     try:
         writes = dist.is_main and not cfg.eval_only
-        claim = distributed.agreed(dist, lambda: OutDir(cfg) if writes else None)
+        claim, cfg = claim_out_dir(model_cfg, cfg, dist, writes)  # init_from=auto: resume or scratch
         code = run(model_cfg, cfg, dist, start_time)
         ok = True
         return code
