@@ -44,7 +44,7 @@ from gptkit import scoring
 from gptkit.checkpoint import write_text_atomic
 from gptkit.config import choice_problems, parse_settings, setting, settings_dict
 from gptkit.device import DTYPES, resolve_device
-from gptkit.errors import PeerFailed, UserError, first_line, run_main, same_on_every_rank
+from gptkit.errors import UserError, first_line, run_main, same_on_every_rank
 from gptkit.train import distributed
 from gptkit.train import logger
 from gptkit.train import optim
@@ -425,7 +425,7 @@ def train(model_cfg, cfg):
         return code
     except Exception as e:
         if dist.enabled and distributed.is_peer_failure(e):
-            raise PeerFailed() from e  # another rank failed and says why
+            raise distributed.peer_failed(e) from e  # another rank failed (it, or its node, says why)
         raise
     finally:
         if claim is not None:

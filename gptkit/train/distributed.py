@@ -26,7 +26,7 @@ import signal
 import torch
 import torch.distributed
 
-from gptkit.errors import PeerFailed, UserError
+from gptkit.errors import PeerFailed, UserError, first_line, same_on_every_rank
 
 
 @dataclasses.dataclass
@@ -63,6 +63,7 @@ def init(backend, device_type):
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     world_size = int(os.environ["WORLD_SIZE"])
+    check_launch()
     backend = resolve_backend(backend, device_type)
     if backend == "nccl" and device_type != "cuda":
         raise UserError("backend nccl needs CUDA devices: use --backend=gloo (or auto) on CPU")
@@ -75,6 +76,30 @@ def init(backend, device_type):
         torch.cuda.set_device(local_rank)  # one process per device
     torch.distributed.init_process_group(backend=backend)
     return Dist(rank=rank, local_rank=local_rank, world_size=world_size, enabled=True)
+
+
+def peer_failed(error):
+    """The quiet PeerFailed of a rank whose collective failed because a peer left. The
+    peer may have died without a word (SIGKILL, the OOM killer, a lost node), so this
+    rank's line in its torchrun's summary says what happened and names the address
+    gloo lost, the peer's node, instead of a bare exit code 1; the torchrun of that
+    node names the rank, its host and its exit code or signal."""
+    return PeerFailed(f"another rank left the job ({first_line(error, 160)}): every rank stops; the torchrun "
+                      "of the node at that address names the rank that failed and why")
+
+
+def check_launch():
+    """Several nodes under torchrun --max-restarts with the rendezvous store shared with
+    the workers (torch's default): the first restart reconnects to the last attempt's
+    addresses and fails ("Connection refused"), since each node counts its own restarts
+    (pytorch/pytorch#135712, #108158; measured here with two launchers on one machine)."""
+    several_nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
+    if several_nodes and restarts and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise same_on_every_rank(UserError(
+            "torchrun --max-restarts on several nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's "
+            "environment on every node (else a restart fails to connect: docs/distributed.md)"
+        ))
 
 
 def cleanup(dist, ok=True):
