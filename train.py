@@ -150,6 +150,8 @@ class TrainConfig:
                                "backward written by hand, gptkit/fused.py; same values) | model "
                                "(model.py's modules, autograd's backward)")
     seed: int = setting(1337, f"random seed (weights, dropout, data order), 0 to {MAX_SEED}")
+    dry_run: bool = setting(False, "check the settings for WORLD_SIZE ranks (torchrun's; e.g. "
+                            "WORLD_SIZE=512 RANK=0 to check a cluster's job here) and exit")
 
     def __post_init__(self):
         problems = choice_problems(self, CHOICES)
@@ -408,6 +410,8 @@ def main(argv=None):
             logger.check_wandb_ready()
     except UserError as e:
         raise same_on_every_rank(e)
+    if cfg.dry_run:
+        return distributed.dry_run(model_cfg, cfg, distributed.world_size_from_env())
     return train(model_cfg, cfg)
 
 

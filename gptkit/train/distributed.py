@@ -50,6 +50,29 @@ def world_size_from_env():
     return int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else 1
 
 
+def same_global_batch(accumulation, batch_size, world_size):
+    """(gradient_accumulation_steps, batch_size) for world_size ranks that keep about
+    accumulation x batch_size windows a step, batch_size no larger than now (memory):
+    what a user is told when the accumulation does not divide among the ranks."""
+    if batch_size % world_size == 0:
+        return accumulation * world_size, batch_size // world_size  # exactly the same batch
+    per_rank = max(1, round(accumulation * batch_size / world_size))  # windows per rank and step
+    micro = -(-per_rank // batch_size)  # micro-batches per rank
+    return world_size * micro, max(1, round(per_rank / micro))
+
+
+def dry_run(model_cfg, cfg, world_size):
+    """--dry_run: the settings passed every check a launch with world_size ranks makes
+    before its process group (WORLD_SIZE=512 RANK=0 python train.py ... --dry_run=true
+    checks a cluster's job on a laptop); say what each step would take, and exit 0."""
+    G, B, T = cfg.gradient_accumulation_steps, cfg.batch_size, model_cfg.block_size
+    if os.environ.get("RANK", "0") == "0":
+        print(f"dry run: the settings hold for {world_size} rank{'s' if world_size > 1 else ''}: each iteration "
+              f"takes {G * B:,} windows of {T} tokens ({G * B * T:,} tokens), each rank {G // world_size} "
+              f"micro-batch{'es' if G // world_size > 1 else ''} of {B}; nothing was read or written")
+    return 0
+
+
 def resolve_backend(backend, device_type):
     if backend == "auto":
         return "nccl" if device_type == "cuda" else "gloo"

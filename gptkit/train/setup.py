@@ -332,6 +332,6 @@ def check_world_size(cfg, world_size):
         G = cfg.gradient_accumulation_steps
         raise UserError(
             f"gradient_accumulation_steps={G} (the global count) must be divisible by the number of "
-            f"ranks, {world_size}: use a multiple of {world_size}, e.g. --gradient_accumulation_steps={G * world_size} "
-            f"--batch_size={max(1, cfg.batch_size // world_size)} for about the same global batch"
+            f"ranks, {world_size}: use a multiple of {world_size}, e.g. --gradient_accumulation_steps=%d "
+            f"--batch_size=%d for about the same global batch" % distributed.same_global_batch(G, cfg.batch_size, world_size)
         )
