@@ -37,6 +37,16 @@ def test_auto_trains_from_scratch_then_resumes_its_own_run_and_refuses_another(t
     assert load_checkpoint(out / "ckpt.pt")["model_config"]["n_layer"] == 2
 
 
+def test_a_second_job_on_a_live_out_dir_is_still_refused(tmp_path):
+    from gptkit.lock import FolderLock
+
+    data = write_char_dataset(tmp_path / "data").parent
+    with FolderLock(tmp_path / "out", "training run"):  # another job's claim, held
+        with pytest.raises(UserError, match="is in use by another training run"):
+            train.main(tiny_args(data, tmp_path / "out", init_from="auto", **ARGS))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".lock"]
+
+
 def test_auto_with_lora_and_no_checkpoint_says_how_to_start(tmp_path):
     data = write_char_dataset(tmp_path / "data").parent
     with pytest.raises(UserError, match="init_from=auto found no checkpoint in .* lora_rank > 0 adapts a trained model"):

@@ -102,23 +102,62 @@ def assert_same_run(out, reference, weights):
 
 
 @pytest.mark.slow
-def test_two_nodes_of_two_ranks_train_as_one_process_ddp_and_fsdp(tmp_path, reference):
+def test_two_nodes_of_two_ranks_train_as_one_process(tmp_path, reference):
+    """DDP, 4 ranks: each reads its own micro-batch by its global rank (by its local
+    rank, both nodes would read the same two and the losses would differ); only the
+    global rank 0 writes, into the one shared folder."""
     nodes = node_folders(tmp_path, reference)
-    # DDP: 4 ranks, each reading its own micro-batch by its global rank (by the local
-    # rank, both nodes would read the same two and the losses would differ).
-    ddp = tmp_path / "shared" / "ddp"
-    results = ok(launch_nodes(nodes, tiny_args("data", ddp, **ARGS)))
-    assert "world size 4" in results[0][1] + results[1][1]
-    assert sorted(p.name for p in ddp.iterdir()) == [".lock", "best.pt", "ckpt.pt", "config.json", "metrics.jsonl"]
-    assert_same_run(ddp, reference, load_checkpoint(ddp / "ckpt.pt")["model"])
-    # FSDP: every rank writes its own shard of the sharded checkpoint into the shared out_dir.
-    fsdp = tmp_path / "shared" / "fsdp"
-    ok(launch_nodes(nodes, tiny_args("data", fsdp, parallel="fsdp", **ARGS)))
-    assert sorted(p.name for p in (fsdp / "ckpt").iterdir()) == [
-        ".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp", "run.json"]
-    single = sharded.sharded_to_single(fsdp, tmp_path / "fsdp.pt")
-    assert_same_run(fsdp, reference, load_checkpoint(single)["model"])
-    # Nothing but the dataset in a node's own folder: the out_dir is the one shared place.
-    for folder in nodes:
+    out = tmp_path / "shared" / "out"
+    results = ok(launch_nodes(nodes, tiny_args("data", out, **ARGS)))
+    assert sum(output.count("world size 4") for _, output in results) == 1
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "best.pt", "ckpt.pt", "config.json", "metrics.jsonl"]
+    assert_same_run(out, reference, load_checkpoint(out / "ckpt.pt")["model"])
+    for folder in nodes:  # nothing but its own copy of the dataset in a node's folder
         assert sorted(p.name for p in folder.iterdir()) == ["data"]
         assert sorted(p.name for p in (folder / "data" / "tiny").iterdir()) == ["meta.json", "train.bin", "val.bin"]
+
+
+@pytest.mark.slow
+def test_a_rank_killed_on_one_node_restarts_both_and_fsdp_resumes_to_the_uninterrupted_run(tmp_path, reference):
+    """FSDP, 4 ranks, torchrun --max-restarts=1 and init_from=auto: rank 3 (on the second
+    node) is SIGKILLed at iteration 6, after the checkpoint of iteration 4; both nodes
+    stop, torchrun restarts them, the job resumes from iteration 4 and ends where the
+    uninterrupted one-process run ends. Every rank wrote its shard into the shared out_dir."""
+    nodes = node_folders(tmp_path, reference)
+    out = tmp_path / "shared" / "out"
+    results = ok(launch_nodes(
+        nodes, tiny_args("data", out, parallel="fsdp", init_from="auto", **ARGS), extra=["--max-restarts=1"],
+        GPT_FAULTS=f"kill_at=6,kill_rank=3,kill_once={tmp_path / 'killed'}", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+    ))
+    assert (tmp_path / "killed").exists()
+    outputs = [output for _, output in results]
+    killed = [o for o in outputs if "failed (exitcode: -9) local_rank: 1" in o]  # rank 3 = local rank 1 there
+    assert len(killed) == 1, outputs
+    other = outputs[1 - outputs.index(killed[0])]
+    assert "failed (exitcode: 1)" in other  # its ranks stopped when rank 3 left, then restarted
+    text = "".join(outputs)
+    assert text.count("init_from=auto: no checkpoint in") == 1  # the first attempt, from scratch
+    assert text.count(f"resumed from {out / 'ckpt'} at iteration 4") == 1  # the restart
+    assert load_checkpoint(reference / "one" / "ckpt.pt")["iter_num"] == 8
+    assert sorted(p.name for p in (out / "ckpt").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp", "run.json"]
+    assert [r["iter"] for r in read_metrics(out, "train")] == STEPS  # one run's metrics, steps 6-7 once
+    single = sharded.sharded_to_single(out, tmp_path / "single.pt")
+    assert load_checkpoint(single)["iter_num"] == 8
+    assert_same_run(out, reference, load_checkpoint(single)["model"])
+
+
+def test_a_node_that_never_joins_fails_the_rendezvous_in_the_time_set(tmp_path):
+    """One launcher of a 2-node job whose other node never comes: c10d rendezvous (the
+    commands of docs/distributed.md) gives up after --rdzv_conf join_timeout=N seconds
+    (600 by default) with one last line, exit 1, and no worker ever starts."""
+    start = time.monotonic()
+    result = subprocess.run(
+        [*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+         "--rdzv_conf=join_timeout=3", str(REPO / "train.py"), "--help"],
+        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=90,
+    )
+    code, output, seconds = result.returncode, result.stdout + result.stderr, time.monotonic() - start
+    assert code == 1 and seconds < 40, (seconds, output[-2000:])
+    assert output.splitlines()[-1] == "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError"
+    assert "usage: train.py" not in output  # no worker ever started
