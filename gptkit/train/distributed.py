@@ -21,6 +21,7 @@ makes is reported once, by rank 0.
 
 import dataclasses
 import os
+import re
 import signal
 
 import torch
@@ -107,8 +108,10 @@ def peer_failed(error):
     rank's line in its torchrun's summary says what happened and names the address
     gloo lost, the peer's node, instead of a bare exit code 1; the torchrun of that
     node names the rank, its host and its exit code or signal."""
-    return PeerFailed(f"another rank left the job ({first_line(error, 160)}): every rank stops; the torchrun "
-                      "of the node at that address names the rank that failed and why")
+    # gloo: "[.../pair.cc:553] Connection closed by peer [10.0.0.2]:41234. This is typically caused by ..."
+    said = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", first_line(error, 400)).split(". This is typically")[0]
+    return PeerFailed(f"another rank left the job ({said[:160]}): every rank stops; the torchrun of the node "
+                      "at that address names the rank that failed and why")
 
 
 def check_launch():

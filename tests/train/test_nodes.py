@@ -161,3 +161,27 @@ def test_a_node_that_never_joins_fails_the_rendezvous_in_the_time_set(tmp_path):
     assert code == 1 and seconds < 40, (seconds, output[-2000:])
     assert output.splitlines()[-1] == "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError"
     assert "usage: train.py" not in output  # no worker ever started
+
+
+def test_a_rank_that_lost_a_peer_leaves_torchrun_a_line_naming_the_address(tmp_path, monkeypatch, capsys):
+    """What the other ranks of a job whose rank was SIGKILLed leave in their torchrun's
+    summary (seen there with two launchers; see docs/distributed.md), instead of a bare exit code 1."""
+    from gptkit.errors import run_main
+    from gptkit.train.distributed import peer_failed
+
+    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                        "[10.0.0.2]:41234. This is typically caused by a remote worker crashing")
+
+    def main(argv):
+        raise peer_failed(gloo)
+
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+    with pytest.raises(SystemExit) as exit_:
+        run_main(main)
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err == ""  # the console keeps the failed rank's own line alone
+    import json
+
+    assert json.loads((tmp_path / "error.json").read_text())["message"] == (
+        "error on rank 0: another rank left the job (Connection closed by peer [10.0.0.2]:41234): every rank stops; "
+        "the torchrun of the node at that address names the rank that failed and why")
