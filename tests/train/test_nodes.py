@@ -185,3 +185,20 @@ def test_a_rank_that_lost_a_peer_leaves_torchrun_a_line_naming_the_address(tmp_p
     assert json.loads((tmp_path / "error.json").read_text())["message"] == (
         "error on rank 0: another rank left the job (Connection closed by peer [10.0.0.2]:41234): every rank stops; "
         "the torchrun of the node at that address names the rank that failed and why")
+
+
+def test_restarts_on_several_nodes_without_a_store_per_attempt_are_refused_before_any_work(tmp_path, monkeypatch):
+    """With the rendezvous store shared (torch's default), the first restart of a
+    2-launcher job failed here with "Gloo connectFullMesh failed ... Connection refused":
+    refused at start instead, in one line that every rank makes alike (printed once)."""
+    from gptkit.errors import UserError
+
+    data = write_char_dataset(tmp_path / "data").parent
+    for name, value in dict(RANK="2", LOCAL_RANK="0", WORLD_SIZE="4", GROUP_WORLD_SIZE="2", TORCHELASTIC_MAX_RESTARTS="1",
+                            TORCHELASTIC_USE_AGENT_STORE="True").items():  # as torchrun sets them on the second node
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=r"^torchrun --max-restarts on several nodes needs "
+                                        r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment") as caught:
+        train.main(tiny_args(data, tmp_path / "out", **ARGS))
+    assert getattr(caught.value, "same_on_every_rank", False)
+    assert not (tmp_path / "out").exists()
