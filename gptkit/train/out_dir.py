@@ -29,10 +29,11 @@ from gptkit.paths import claim_output
 from gptkit.train import distributed
 from gptkit.train import sharded
 
-# What makes a checkpoint "this run's" for init_from=auto: the model's shape (not its
-# dropout, nor the vocabulary, which the dataset sets and resume checks), and these.
+# What makes a checkpoint "this run's" for init_from=auto: the model's settings (not its
+# dropout, nor the vocabulary, which the dataset sets and resume checks, nor the attention
+# kernel, the same function computed another way), and these.
 RUN_IDENTITY = ("dataset", "optimizer", "lora_rank", "lora_targets")
-NOT_IDENTITY = ("dropout", "vocab_size")
+NOT_IDENTITY = ("dropout", "vocab_size", "attention")
 
 
 def claim_out_dir(model_cfg, cfg, dist, writes):
