@@ -118,13 +118,15 @@ def check_launch():
     """Several nodes under torchrun --max-restarts with the rendezvous store shared with
     the workers (torch's default): the first restart reconnects to the last attempt's
     addresses and fails ("Connection refused"), since each node counts its own restarts
-    (pytorch/pytorch#135712, #108158; measured here with two launchers on one machine)."""
+    (pytorch/pytorch#135712, #108158; measured here with two launchers on one machine).
+    The static rendezvous (--master_addr) always shares its store: not measured under
+    restarts, so it is pointed to the c10d form that was."""
     several_nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1
     restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
     if several_nodes and restarts and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         raise same_on_every_rank(UserError(
-            "torchrun --max-restarts on several nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's "
-            "environment on every node (else a restart fails to connect: docs/distributed.md)"
+            "torchrun --max-restarts on several nodes needs --rdzv_backend=c10d and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+            "in torchrun's environment on every node (else a restart fails to connect: docs/distributed.md)"
         ))
 
 

@@ -197,7 +197,7 @@ def test_restarts_on_several_nodes_without_a_store_per_attempt_are_refused_befor
     for name, value in dict(RANK="2", LOCAL_RANK="0", WORLD_SIZE="4", GROUP_WORLD_SIZE="2", TORCHELASTIC_MAX_RESTARTS="1",
                             TORCHELASTIC_USE_AGENT_STORE="True").items():  # as torchrun sets them on the second node
         monkeypatch.setenv(name, value)
-    with pytest.raises(UserError, match=r"^torchrun --max-restarts on several nodes needs "
+    with pytest.raises(UserError, match=r"^torchrun --max-restarts on several nodes needs --rdzv_backend=c10d and "
                                         r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment") as caught:
         train.main(tiny_args(data, tmp_path / "out", **ARGS))
     assert getattr(caught.value, "same_on_every_rank", False)
