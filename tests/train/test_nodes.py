@@ -129,11 +129,9 @@ def test_a_rank_killed_on_one_node_restarts_both_and_fsdp_resumes_to_the_uninter
         nodes, tiny_args("data", out, parallel="fsdp", init_from="auto", **ARGS), extra=["--max-restarts=1"],
         GPT_FAULTS=f"kill_at=6,kill_rank=3,kill_once={tmp_path / 'killed'}", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
     ))
-    assert (tmp_path / "killed").exists()
-    outputs = [output for _, output in results]
-    killed = [o for o in outputs if "failed (exitcode: -9) local_rank: 1" in o]  # rank 3 = local rank 1 there
-    assert len(killed) == 1, outputs  # (the other node's ranks stopped too: the restart needs all 4)
-    text = "".join(outputs)
+    assert (tmp_path / "killed").exists()  # made by rank 3 just before its SIGKILL
+    # (Which failure each torchrun saw first, the SIGKILL or a rank that lost its peer, varies.)
+    text = "".join(output for _, output in results)
     assert text.count("init_from=auto: no checkpoint in") == 1  # the first attempt, from scratch
     assert text.count(f"resumed from {out / 'ckpt'} at iteration 4") == 1  # the restart
     assert load_checkpoint(reference / "one" / "ckpt.pt")["iter_num"] == 8
