@@ -41,14 +41,14 @@ from gptkit import scoring
 from gptkit.checkpoint import write_text_atomic
 from gptkit.config import parse_settings, setting
 from gptkit.device import resolve_device
-from gptkit.errors import PeerFailed, UserError, first_line, run_main, same_on_every_rank
+from gptkit.errors import UserError, first_line, run_main, same_on_every_rank
 from gptkit.train import distributed
 from gptkit.train import logger
 from gptkit.train import optim
 from gptkit.train import settings
 from gptkit.train import setup
 from gptkit.train.checkpointer import Checkpointer, run_info
-from gptkit.train.out_dir import OutDir
+from gptkit.train.out_dir import claim_out_dir
 from gptkit.train.settings import MAX_SEED
 from model import GPTConfig
 
@@ -72,9 +72,10 @@ class TrainConfig:
     eval_only: bool = setting(False, "evaluate once, print the losses and exit (writes nothing)")
     always_save_checkpoint: bool = setting(True, "save ckpt.pt at every eval; false: only when the "
                                            "val loss improves")
-    init_from: str = setting("scratch", "scratch | resume (out_dir/ckpt.pt) | gpt2 | gpt2-medium | "
-                             "gpt2-large | gpt2-xl | a local Hugging Face folder | a checkpoint "
-                             "file (fine-tune a run of ours)")
+    init_from: str = setting("scratch", "scratch | resume (out_dir/ckpt.pt) | auto (resume this "
+                             "run's checkpoint in out_dir, else scratch: for restarts) | gpt2 | "
+                             "gpt2-medium | gpt2-large | gpt2-xl | a local Hugging Face folder | a "
+                             "checkpoint file (fine-tune a run of ours)")
     # logging
     wandb_log: bool = setting(False, "also log to Weights & Biases (WANDB_MODE=offline works "
                               "without a network)")
@@ -136,6 +137,8 @@ class TrainConfig:
                                "backward written by hand, gptkit/fused.py; same values) | model "
                                "(model.py's modules, autograd's backward)")
     seed: int = setting(1337, f"random seed (weights, dropout, data order), 0 to {MAX_SEED}")
+    dry_run: bool = setting(False, "check the settings for WORLD_SIZE ranks (torchrun's; e.g. "
+                            "WORLD_SIZE=512 RANK=0 to check a cluster's job here) and exit")
 
     def __post_init__(self):
         settings.check(self)  # every problem at once, in one ValueError (gptkit/train/settings.py)
@@ -326,6 +329,8 @@ def main(argv=None):
             logger.check_wandb_ready()
     except UserError as e:
         raise same_on_every_rank(e)
+    if cfg.dry_run:
+        return distributed.dry_run(model_cfg, cfg, distributed.world_size_from_env())
     return train(model_cfg, cfg)
 
 
@@ -337,13 +342,14 @@ def train(model_cfg, cfg):
     claim, ok = None, False
     try:
         writes = dist.is_main and not cfg.eval_only
-        claim = distributed.agreed(dist, lambda: OutDir(cfg) if writes else None)
+        # init_from=auto becomes resume or scratch here
+        claim, cfg = claim_out_dir(model_cfg, cfg, dist, writes)
         code = run(model_cfg, cfg, dist, start_time)
         ok = True
         return code
     except Exception as e:
         if dist.enabled and distributed.is_peer_failure(e):
-            raise PeerFailed() from e  # another rank failed and says why
+            raise distributed.peer_failed(e) from e  # another rank failed: it (or its node) says why
         raise
     finally:
         if claim is not None:

@@ -54,7 +54,11 @@ class RunFailed(Exception):
 
 
 class PeerFailed(Exception):
-    """Another rank failed (and says why); this one stops quietly with exit code 1."""
+    """Another rank failed (and says why); this one stops quietly with exit code 1.
+
+    With a message (a peer that left: killed without a word, its node lost, or with an
+    error it printed itself), the message goes to torchrun's summary only, where it
+    replaces a bare exit code 1; the console keeps the failed rank's own line alone."""
 
 
 def same_on_every_rank(error):
@@ -156,7 +160,9 @@ def run_main(main, argv=None):
             # the same error in about the same time; torchrun ends this wait when it exits.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # its SIGTERM ends the wait at once
             time.sleep(QUIET_RANK_WAIT_S)
-    except PeerFailed:
+    except PeerFailed as e:
+        if str(e):
+            _tell_torchrun(f"error on rank {_rank()}: {e}")
         code = EXIT_FAILED
     except ImportError as e:
         line = missing_requirement(e)

@@ -12,6 +12,10 @@ variable GPT_FAULTS to a comma-separated list, e.g.
     GPT_FAULTS=sigterm_during_commit    prepare.py sends itself SIGTERM between its renames
     GPT_FAULTS=fail_at=3,fail_rank=1    rank 1 raises a RuntimeError in its forward pass at iteration 3
     GPT_FAULTS=fail_at=3,fail_kind=user the same as a UserError (a bad batch), on every rank without fail_rank
+    GPT_FAULTS=kill_at=6,kill_rank=1    rank 1 SIGKILLs itself at iteration 6, in torchrun's first attempt
+                                        only (TORCHELASTIC_RESTART_COUNT unset or 0): the restart runs on
+    GPT_FAULTS=kill_at=6,kill_once=F    the same, once for the whole job: only the process that creates
+                                        file F dies (the restart count is per node: pytorch/pytorch#108158)
 
 Users never need this; it does nothing when the variable is unset. The training
 faults are hooks that `install` puts on the model once at set-up, so the training
@@ -69,6 +73,24 @@ def maybe_fail(step):
     raise RuntimeError(f"injected failure at iteration {step} (GPT_FAULTS)")
 
 
+def maybe_kill(step):
+    """SIGKILL this process (no clean-up, no message: as the OOM killer or a lost node
+    would) at iteration kill_at=N, on kill_rank (default: all), in the first attempt."""
+    faults = active()
+    if not at_step("kill_at", step):
+        return
+    if "kill_rank" in faults and faults["kill_rank"] != os.environ.get("RANK", "0"):
+        return
+    if "kill_once" in faults:  # a file: the first process to create it dies, no later one
+        try:
+            os.close(os.open(faults["kill_once"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+    elif os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return  # torchrun restarted the job: this attempt runs on
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def install(model, iteration):
     """Put the training faults GPT_FAULTS asks for on `model` (the raw model, before
     DDP or compile wrap it); `iteration()` is the training loop's current iteration.
@@ -78,9 +100,12 @@ def install(model, iteration):
     fail_at=N       an error raised after iteration N's forward pass (see maybe_fail)
     nan_loss_at=N   iteration N's loss becomes NaN
     inf_grad_at=N   the first parameter's gradient becomes infinite in iteration N
-                    (one process: DDP and FSDP write the reduced gradients themselves)"""
+                    (one process: DDP and FSDP write the reduced gradients themselves)
+    kill_at=N       SIGKILL to this process in iteration N's first forward pass, on
+                    kill_rank (default: all), in torchrun's first attempt only (or,
+                    with kill_once=FILE, in the one process that creates FILE)"""
     faults = active()
-    if not any(k in faults for k in ("sigterm_at", "fail_at", "nan_loss_at", "inf_grad_at")):
+    if not any(k in faults for k in ("sigterm_at", "fail_at", "nan_loss_at", "inf_grad_at", "kill_at")):
         return
     signalled = set()
 
@@ -91,6 +116,7 @@ def install(model, iteration):
         if at_step("sigterm_at", step) and step not in signalled:
             signalled.add(step)
             os.kill(os.getpid(), signal.SIGTERM)  # as torchrun forwards it: the step still completes
+        maybe_kill(step)
         maybe_fail(step)
         if at_step("nan_loss_at", step):
             logits, loss = output

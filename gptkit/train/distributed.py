@@ -21,12 +21,13 @@ makes is reported once, by rank 0.
 
 import dataclasses
 import os
+import re
 import signal
 
 import torch
 import torch.distributed
 
-from gptkit.errors import PeerFailed, UserError
+from gptkit.errors import PeerFailed, UserError, first_line, same_on_every_rank
 
 
 @dataclasses.dataclass
@@ -50,6 +51,29 @@ def world_size_from_env():
     return int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else 1
 
 
+def same_global_batch(accumulation, batch_size, world_size):
+    """(gradient_accumulation_steps, batch_size) for world_size ranks that keep about
+    accumulation x batch_size windows a step, batch_size no larger than now (memory):
+    what a user is told when the accumulation does not divide among the ranks."""
+    if batch_size % world_size == 0:
+        return accumulation * world_size, batch_size // world_size  # exactly the same batch
+    per_rank = max(1, round(accumulation * batch_size / world_size))  # windows per rank and step
+    micro = -(-per_rank // batch_size)  # micro-batches per rank
+    return world_size * micro, max(1, round(per_rank / micro))
+
+
+def dry_run(model_cfg, cfg, world_size):
+    """--dry_run: the settings passed every check a launch with world_size ranks makes
+    before its process group (WORLD_SIZE=512 RANK=0 python train.py ... --dry_run=true
+    checks a cluster's job on a laptop); say what each step would take, and exit 0."""
+    G, B, T = cfg.gradient_accumulation_steps, cfg.batch_size, model_cfg.block_size
+    if os.environ.get("RANK", "0") == "0":
+        print(f"dry run: the settings hold for {world_size} rank{'s' if world_size > 1 else ''}: each iteration "
+              f"takes {G * B:,} windows of {T} tokens ({G * B * T:,} tokens), each rank {G // world_size} "
+              f"micro-batch{'es' if G // world_size > 1 else ''} of {B}; nothing was read or written")
+    return 0
+
+
 def resolve_backend(backend, device_type):
     if backend == "auto":
         return "nccl" if device_type == "cuda" else "gloo"
@@ -63,6 +87,7 @@ def init(backend, device_type):
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     world_size = int(os.environ["WORLD_SIZE"])
+    check_launch()
     backend = resolve_backend(backend, device_type)
     if backend == "nccl" and device_type != "cuda":
         raise UserError("backend nccl needs CUDA devices: use --backend=gloo (or auto) on CPU")
@@ -75,6 +100,34 @@ def init(backend, device_type):
         torch.cuda.set_device(local_rank)  # one process per device
     torch.distributed.init_process_group(backend=backend)
     return Dist(rank=rank, local_rank=local_rank, world_size=world_size, enabled=True)
+
+
+def peer_failed(error):
+    """The quiet PeerFailed of a rank whose collective failed because a peer left. The
+    peer may have died without a word (SIGKILL, the OOM killer, a lost node), so this
+    rank's line in its torchrun's summary says what happened and names the address
+    gloo lost, the peer's node, instead of a bare exit code 1; the torchrun of that
+    node names the rank, its host and its exit code or signal."""
+    # gloo: "[.../pair.cc:553] Connection closed by peer [10.0.0.2]:41234. This is typically caused by ..."
+    said = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", first_line(error, 400)).split(". This is typically")[0]
+    return PeerFailed(f"another rank left the job ({said[:160]}): every rank stops; the torchrun of the node "
+                      "at that address names the rank that failed and why")
+
+
+def check_launch():
+    """Several nodes under torchrun --max-restarts with the rendezvous store shared with
+    the workers (torch's default): the first restart reconnects to the last attempt's
+    addresses and fails ("Connection refused"), since each node counts its own restarts
+    (pytorch/pytorch#135712, #108158; measured here with two launchers on one machine).
+    The static rendezvous (--master_addr) always shares its store: not measured under
+    restarts, so it is pointed to the c10d form that was."""
+    several_nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
+    if several_nodes and restarts and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise same_on_every_rank(UserError(
+            "torchrun --max-restarts on several nodes needs --rdzv_backend=c10d and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+            "in torchrun's environment on every node (else a restart fails to connect: docs/distributed.md)"
+        ))
 
 
 def cleanup(dist, ok=True):

@@ -1,18 +1,113 @@
 """The run's out_dir, held by one writer from start to end (train.py takes it on rank 0
 before anything else and releases it last):
 
+    claim, cfg = claim_out_dir(model_cfg, cfg, dist, writes)   # init_from=auto resolved everywhere
     claim = OutDir(cfg)      # the lock, stale temporaries removed, no silent overwrite
     claim.release(ok=True)   # a failed run that saved nothing takes its files with it
 
+init_from=auto (for jobs that torchrun --max-restarts restarts, docs/distributed.md):
+resume when the out_dir holds a checkpoint of this run (the same model, dataset,
+optimizer and LoRA settings), start from scratch when it holds none, and refuse
+another run's folder as init_from=scratch does. The lock goes with the process that
+held it, kill -9 included, so a restarted job takes its own out_dir again, while a
+second job beside a live one is still refused.
+
 An operator's concern, which a reader of the training step may skip."""
 
+import copy
+import dataclasses
+import json
 import shutil
 import time
+from pathlib import Path
+
+import torch
 
 from gptkit.errors import UserError
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
 from gptkit.paths import claim_output
+from gptkit.train import distributed
 from gptkit.train import sharded
+
+# What makes a checkpoint "this run's" for init_from=auto: the model's settings (not its
+# dropout, nor the vocabulary, which the dataset sets and resume checks, nor the attention
+# kernel, the same function computed another way), and these.
+RUN_IDENTITY = ("dataset", "optimizer", "lora_rank", "lora_targets")
+NOT_IDENTITY = ("dropout", "vocab_size", "attention")
+
+
+def claim_out_dir(model_cfg, cfg, dist, writes):
+    """(the OutDir claim on a writing rank 0, else None; cfg with init_from=auto resolved
+    to resume or scratch, the same on every rank). Rank 0 decides, holding the lock."""
+    def claim():
+        if writes:
+            return OutDir(cfg, model_cfg)
+        if cfg.init_from == "auto" and dist.is_main:  # eval_only: nothing to lock
+            return resolve_auto(cfg.out_dir, model_cfg, cfg)
+        return None
+
+    held = distributed.agreed(dist, claim)
+    if cfg.init_from != "auto":
+        return held, cfg
+    chosen = held.init_from if isinstance(held, OutDir) else held
+    chosen = distributed.gather_objects(chosen, dist)[0]  # rank 0's choice, on every rank
+    resolved = copy.copy(cfg)
+    resolved.init_from = chosen  # no __post_init__ again: cfg was checked already
+    return (held if isinstance(held, OutDir) else None), resolved
+
+
+def latest_settings(out_dir):
+    """The settings saved with the checkpoint in out_dir that init_from=resume would
+    load (the newer of ckpt.pt and the sharded ckpt/), {} when they cannot be read
+    (resume then names what is wrong with the file), None when there is no checkpoint."""
+    out_dir = Path(out_dir)
+    folder, single = sharded.find(out_dir), out_dir / "ckpt.pt"
+    try:
+        if folder is not None and (not single.is_file() or sharded.mtime(folder) >= single.stat().st_mtime):
+            with open(folder / sharded.RUN_FILE, "rb") as f:
+                raw = f.read(sharded.MAX_RUN_BYTES + 1)
+            settings = json.loads(raw).get("config") if len(raw) <= sharded.MAX_RUN_BYTES else None
+        elif single.is_file():
+            # mmap: the settings without reading the weights (the resume's load checks the file)
+            settings = torch.load(single, map_location="cpu", weights_only=True, mmap=True).get("config")
+        else:
+            return None
+    except Exception:
+        return {}
+    return settings if isinstance(settings, dict) else {}
+
+
+def identity_differences(saved, model_cfg, cfg):
+    """['n_layer=2 there, 4 here', ...]: how the run saved in out_dir differs from this one."""
+    if not saved:
+        return []  # unreadable: resuming names the damage
+    here = {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg) if f.name not in NOT_IDENTITY}
+    here.update({name: getattr(cfg, name) for name in RUN_IDENTITY})
+    return [f"{k}={saved[k]} there, {v} here" for k, v in here.items() if k in saved and saved[k] != v]
+
+
+def resolve_auto(out_dir, model_cfg, cfg):
+    """init_from=auto as "resume" or "scratch" for out_dir (see the module's docstring)."""
+    saved = latest_settings(out_dir)
+    if saved is None:
+        if cfg.lora_rank > 0:
+            raise UserError(
+                f"init_from=auto found no checkpoint in {out_dir} to resume, and lora_rank > 0 adapts a trained "
+                "model: start the run with --init_from=gpt2 (or a folder or checkpoint file), then restart it with auto"
+            )
+        print(f"init_from=auto: no checkpoint in {out_dir}, starting from scratch")
+        return "scratch"
+    differences = identity_differences(saved, model_cfg, cfg)
+    if not differences:
+        return "resume"
+    if cfg.overwrite:
+        print(f"init_from=auto: {out_dir} holds another run ({'; '.join(differences)}): replacing it (--overwrite)")
+        return "scratch"
+    raise UserError(
+        f"out_dir {out_dir} holds another run ({'; '.join(differences)}): init_from=auto resumes only its own "
+        "run; continue that one with --init_from=resume, start a new one with --out_dir=OTHER, or replace it "
+        "with --overwrite=true"
+    )
 
 
 class OutDir:
@@ -26,7 +121,7 @@ class OutDir:
 
     RUN_FILES = ("ckpt.pt", "best.pt", "metrics.jsonl", "config.json")
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, model_cfg=None):
         # A folder (not a file), writable, with a name the system takes: else one line now.
         self.path = claim_output(cfg.out_dir, "folder", overwrite=True, what="out_dir")
         self.created = not self.path.exists()
@@ -41,7 +136,9 @@ class OutDir:
                 removed.append(sharded.TEMP)
             if removed:
                 print(f"removed {len(removed)} temporary file(s) left in {self.path} by a run that was killed")
-            if cfg.init_from != "resume":
+            # init_from=auto: decided here, under the lock, so that no other run writes meanwhile
+            self.init_from = resolve_auto(self.path, model_cfg, cfg) if cfg.init_from == "auto" else cfg.init_from
+            if self.init_from != "resume":
                 self._make_room(cfg.overwrite)
         except BaseException:
             self.release(ok=True)  # refused before anything was written: leave the folder as it was

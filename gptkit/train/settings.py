@@ -16,6 +16,7 @@ from gptkit import lora
 from gptkit.config import choice_problems
 from gptkit.device import DTYPES
 from gptkit.errors import UserError
+from gptkit.train.distributed import same_global_batch
 
 MAX_SEED = 2**32 - 1 - 4096  # numpy seeds stop at 2**32 - 1, and each rank adds its rank
 MAX_MICRO_BATCH_TOKENS = 2**31  # beyond int32 indexing, and beyond any machine's memory for activations
@@ -125,6 +126,6 @@ def check_world_size(cfg, world_size):
         G = cfg.gradient_accumulation_steps
         raise UserError(
             f"gradient_accumulation_steps={G} (the global count) must be divisible by the number of "
-            f"ranks, {world_size}: use a multiple of {world_size}, e.g. --gradient_accumulation_steps={G * world_size} "
-            f"--batch_size={max(1, cfg.batch_size // world_size)} for about the same global batch"
+            f"ranks, {world_size}: use a multiple of {world_size}, e.g. --gradient_accumulation_steps=%d "
+            f"--batch_size=%d for about the same global batch" % same_global_batch(G, cfg.batch_size, world_size)
         )
