@@ -10,6 +10,7 @@ variable GPT_FAULTS to a comma-separated list, e.g.
     GPT_FAULTS=exit_during_prepare      prepare.py dies halfway through writing its bins
     GPT_FAULTS=fail_at=3,fail_rank=1    rank 1 raises a RuntimeError in its forward pass at iteration 3
     GPT_FAULTS=fail_at=3,fail_kind=user the same as a UserError (a bad batch), on every rank without fail_rank
+    GPT_FAULTS=token_delay=0.05         serve.py's worker waits 50 ms after each token (a slow model on cue)
 
 Users never need this; it does nothing when the variable is unset. The training
 faults are hooks that `install` puts on the model once at set-up, so the training
@@ -59,6 +60,11 @@ def maybe_fail(step):
 
         raise UserError(f"injected user error at iteration {step} (GPT_FAULTS)")
     raise RuntimeError(f"injected failure at iteration {step} (GPT_FAULTS)")
+
+
+def token_delay():
+    """Seconds serve.py's worker waits after each token (fault token_delay=S), else 0."""
+    return float(active().get("token_delay") or 0)
 
 
 def install(model, iteration):
