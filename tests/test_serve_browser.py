@@ -37,7 +37,7 @@ def browser():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     s = Server(f"--ckpt={write_checkpoint(tmp_path_factory.mktemp('page') / 'chat.pt')}",
-               env={"GPT_FAULTS": "token_delay=0.05"})  # 50 ms a token: the page is seen mid-reply
+               env={"GPT_FAULTS": "token_delay=0.03"})  # 30 ms a token: the page is seen mid-reply
     yield s
     s.stop()
 
