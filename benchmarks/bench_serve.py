@@ -16,7 +16,9 @@ For each concurrency, that many streaming /v1/chat/completions requests start at
 (greedy, max_tokens --new_tokens); per request the seconds to its first content chunk
 (TTFT), and over the batch the generated tokens (the replies' usage) per wall second.
 serve.py queues requests (one worker, gptkit/serve/worker.py), so TTFT grows with the
-queue while the total rate stays one stream's: the table shows what that costs.
+queue while the total rate stays one stream's; the rows "generate_stream, one batch of
+equal prompts" are the ceiling batching could reach (the same code on one batch of
+identical prompts, no server): the table shows what queueing costs.
 Run it alone on the machine: other load changes every figure.
 """
 
@@ -198,6 +200,9 @@ def run(args):
                     print(f"{label}: llama-cpp-python left out ({gguf})", file=sys.stderr)
                 else:
                     servers.append(("llama-cpp-python server (f32 GGUF)", lambda: start_llama_cpp(gguf, 1024)))
+            for streams in counts:  # the ceiling batching could reach: one batch of equal prompts, no server
+                table.add_row(f"{label} ({source})", "generate_stream, one batch of equal prompts (no server)",
+                              streams, "-", "-", round(batched_rate(ckpt, streams, new_tokens), 1), new_tokens)
             for name, start in servers:
                 proc, port = start()
                 try:
@@ -209,6 +214,29 @@ def run(args):
                     proc.terminate()
                     proc.wait(timeout=60)
     return [table]
+
+
+def batched_rate(ckpt, batch, new_tokens):
+    """Tokens per second of `batch` equal prompts generated as one batch in this process
+    (greedy, sample.py's CPU step): what serving in batches could reach at best; different
+    prompts would also need padding and masks that model.py's cache does not have."""
+    import torch
+
+    from gptkit import loading
+    from gptkit.checkpoint import load_checkpoint
+    from gptkit.cpu_decode import CPUDecoder
+    from gptkit.generate import generate_stream
+
+    model, tokenizer, _ = loading.model_from_checkpoint(load_checkpoint(ckpt), ckpt)
+    decoder = CPUDecoder(model)
+    idx = torch.tensor([tokenizer.encode("hello")] * batch, dtype=torch.long)
+    best = float("inf")
+    for _ in range(2):  # the first also warms up
+        t0 = time.perf_counter()
+        for _ in generate_stream(model, idx, new_tokens, temperature=0, decoder=decoder):
+            pass
+        best = min(best, time.perf_counter() - t0)
+    return batch * new_tokens / best
 
 
 def export_gguf(ckpt, work):

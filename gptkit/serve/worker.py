@@ -1,11 +1,13 @@
 """The one generation worker of serve.py: a thread that owns the model and answers
 requests one at a time, in the order they came.
 
-Requests are queued, not batched: on a CPU one small model's batch-1 decoding is
-bound by reading its weights, and a batch of different prompts at different
-positions needs padded, masked steps that generate.py does not have; measured in
-BENCHMARKS.md (`python bench.py serve`). Queueing also keeps every reply exactly
-sample.py's: the same call (gptkit/chat_session.py's `reply`, gptkit/generate.py's
+Requests are queued, not batched. Batching pays in throughput (measured, one CPU
+thread: 16 equal prompts as one batch gave the chat_arithmetic shape ~18x one stream's
+tokens/s and GPT-2 124M's ~2.8x; `python bench.py serve` has the rows), but prompts
+of different lengths in one batch need left padding, a padding mask and per-row
+positions in model.py's KV cache, which it does not have; a second decoding loop
+here would break the one-model rule. Queued, every reply is exactly sample.py's:
+the same call (gptkit/chat_session.py's `reply`, gptkit/generate.py's
 `generate_samples`) on a batch of one.
 
 At most `capacity` requests are admitted at once (the one generating and those
