@@ -18,7 +18,6 @@ or $GPTKIT_API_KEY) every endpoint but /health and the page needs
 docs/serve.md: the page, Open WebUI and other clients, the limits and errors.
 """
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,7 +90,7 @@ def model_name(cfg):
 
 def main(argv=None):
     from sample import weights_dtype  # sample.py's weights, cast the same way
-    from gptkit.serve import bind, serve
+    from gptkit.serve.server import bind, serve
 
     (cfg,) = parse_settings(argv, [ServeConfig], prog="serve.py", description=__doc__)
     device = resolve_device(cfg.device)

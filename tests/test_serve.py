@@ -10,7 +10,7 @@ import time
 import pytest
 from serve_helpers import Server, get, post, sample_chat, write_checkpoint
 
-from gptkit.serve import exposure_warning
+from gptkit.serve.server import exposure_warning
 
 openai = pytest.importorskip("openai")
 

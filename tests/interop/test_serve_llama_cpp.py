@@ -18,7 +18,7 @@ from serve_helpers import Server, get, post, write_checkpoint
 from train_helpers import perturbed_model, write_run
 
 import convert
-from gptkit.chat import CHAT_TEMPLATE, prompt_ids, turn_ids
+from gptkit.chat import CHAT_TEMPLATE, prompt_ids
 from gptkit.tokenizer import CharTokenizer
 from model import GPTConfig
 
