@@ -62,8 +62,10 @@ class Session:
         return ids
 
 
-def reply(session, text, cfg, device, on_text=None, turn=0):
-    """The model's answer to the user's `text` (streamed to on_text); both join the history."""
+def reply(session, text, cfg, device, on_text=None, turn=0, decoder=None, info=None):
+    """The model's answer to the user's `text` (streamed to on_text); both join the history.
+    cfg.stop, when set, ends the reply before that string (sample.py --chat leaves it
+    unset; serve.py passes a request's); decoder and info go to generate_samples."""
     session.tokenizer.encode(text)  # unknown characters: a UserError before the history changes
     session.history.append({"role": "user", "content": text})
     block = session.model.config.block_size
@@ -74,9 +76,9 @@ def reply(session, text, cfg, device, on_text=None, turn=0):
         session.history.pop()
         raise
     stops = [*session.ids.values()] + ([session.tokenizer.eot_id] if session.tokenizer.eot_id is not None else [])
-    settings = dataclasses.replace(cfg, num_samples=1, stop=None, seed=cfg.seed + turn)
+    settings = dataclasses.replace(cfg, num_samples=1, seed=cfg.seed + turn)
     (answer,) = generate_samples(session.model, session.tokenizer, ids, settings, device, on_text=on_text,
-                                 stop_tokens=stops)
+                                 stop_tokens=stops, decoder=decoder, info=info)
     session.history.append({"role": "assistant", "content": answer})
     return answer
 

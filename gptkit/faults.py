@@ -16,6 +16,7 @@ variable GPT_FAULTS to a comma-separated list, e.g.
                                         only (TORCHELASTIC_RESTART_COUNT unset or 0): the restart runs on
     GPT_FAULTS=kill_at=6,kill_once=F    the same, once for the whole job: only the process that creates
                                         file F dies (the restart count is per node: pytorch/pytorch#108158)
+    GPT_FAULTS=token_delay=0.05         serve.py's worker waits 50 ms after each token (a slow model on cue)
 
 Users never need this; it does nothing when the variable is unset. The training
 faults are hooks that `install` puts on the model once at set-up, so the training
@@ -89,6 +90,11 @@ def maybe_kill(step):
     elif os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return  # torchrun restarted the job: this attempt runs on
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def token_delay():
+    """Seconds serve.py's worker waits after each token (fault token_delay=S), else 0."""
+    return float(active().get("token_delay") or 0)
 
 
 def install(model, iteration):

@@ -199,26 +199,36 @@ def note_once(model):
     return note
 
 
-def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None, stop_tokens=None):
+def make_decoder(model, cfg, device, batch_size=None):
+    """What runs each cached step as cfg says: the compiled step (--compile), NumPy on a
+    CPU in float32 (cpu_decode: float16 copies of the matrices for --dtype float16,
+    checked against model.py on the first tokens), else None (model.py's own)."""
+    if cfg.compile:
+        return CompiledDecoder(model, batch_size or cfg.num_samples)
+    if uses_cpu_decode(model, cfg, device):
+        return cpu_decode.CPUDecoder(model, float16=cfg.dtype == "float16", note=note_once(model))
+    return None
+
+
+def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None, stop_tokens=None, decoder=None,
+                     info=None):
     """Generate cfg.num_samples continuations of `prompt_ids` together as one batch.
 
     Returns the text of each sample (without the prompt), cut before cfg.stop.
     `on_text(piece)` is called with sample 1's new text as it is generated. A sample
     ends at one of `stop_tokens` (default: the tokenizer's end of text, if it has one),
-    which is not part of its text."""
+    which is not part of its text. `decoder` is one made before (a server keeps one
+    for every request), else one is made here as cfg says. A dict `info` is given
+    sample 1's "new_tokens" (its stop token included) and "stopped" (it ended at a
+    stop token or cfg.stop, not at max_new_tokens)."""
     if stop_tokens is None:
         stop_tokens = end_of_text(tokenizer)
     generator = torch.Generator(device=device)
     generator.manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)  # (B, T)
     streams = [TextStream(tokenizer, cfg.stop, stop_tokens) for _ in range(cfg.num_samples)]
-    decoder = None
-    if cfg.compile:
-        decoder = CompiledDecoder(model, cfg.num_samples)
-    elif uses_cpu_decode(model, cfg, device):
-        # NumPy for each new token on a CPU in float32 (float16 copies of the matrices for
-        # --dtype float16), checked against model.py on the first tokens
-        decoder = cpu_decode.CPUDecoder(model, float16=cfg.dtype == "float16", note=note_once(model))
+    if decoder is None:
+        decoder = make_decoder(model, cfg, device)
     with torch.no_grad():
         steps = generate_stream(
             model, idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
@@ -226,8 +236,10 @@ def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None, st
             use_cache=cfg.use_cache, shift_context=cfg.shift_context, decoder=decoder,
             stop_tokens=stop_tokens or None,
         )
+        new_tokens = 0
         try:
             for tokens in steps:  # (B,) the next token of every sample
+                new_tokens += not streams[0].stopped
                 for stream, token in zip(streams, tokens.tolist()):
                     stream.push(token)
                 if on_text is not None:
@@ -238,6 +250,8 @@ def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None, st
             steps.close()
     for stream in streams:
         stream.close()
+    if info is not None:
+        info.update(new_tokens=new_tokens, stopped=streams[0].stopped)
     if on_text is not None:
         on_text(streams[0].take_new())
     return [s.text for s in streams]

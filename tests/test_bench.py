@@ -11,3 +11,18 @@ def test_no_record_before_or_after_the_suite_in_both_spellings():
     assert no_record(["--no-record", "train"]) and no_record(["--no_record", "sample"])
     assert no_record(["train", "--no_record"]) and no_record(["all", "--no-record"])
     assert not no_record(["train"]) and not no_record(["all"])
+
+
+def test_the_serve_suite_runs_at_a_tiny_size():
+    import argparse
+
+    from benchmarks import bench_serve
+
+    parser = argparse.ArgumentParser()
+    bench_serve.add_arguments(parser)
+    (table,) = bench_serve.run(parser.parse_args(["--quick", "--no_llama_cpp"]))
+    assert [(row[1].split(",")[0], row[2]) for row in table.rows] == [
+        ("generate_stream", "1"), ("generate_stream", "2"), ("serve.py", "1"), ("serve.py", "2")]  # server, streams
+    for row in table.rows:
+        assert float(row[5].replace(",", "")) > 0 and row[6] == "8"  # the turn tokens' rows zeroed: greedy replies never end early
+        assert row[1] != "serve.py" or float(row[3]) > 0

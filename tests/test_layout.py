@@ -10,7 +10,7 @@ import textwrap
 
 from repo import REPO
 
-ROOT_SCRIPTS = {"prepare.py", "train.py", "sample.py", "model.py", "eval.py", "lab.py", "bench.py", "convert.py"}
+ROOT_SCRIPTS = {"prepare.py", "train.py", "sample.py", "model.py", "eval.py", "lab.py", "bench.py", "convert.py", "serve.py"}
 
 
 def package_modules():

@@ -1,0 +1,256 @@
+"""serve.py under load: time to first token and tokens/s for 1, 4 and 16 concurrent streams.
+
+    python bench.py serve                   # the quick-start chat model and a GPT-2-shaped one, vs llama-cpp-python
+    python bench.py serve --quick           # a smoke test: a tiny model, 1 and 2 streams, a few tokens
+    python bench.py serve --no_llama_cpp    # serve.py alone
+
+Two models: the chat model of configs/chat_arithmetic.py (out-chat-arithmetic's
+checkpoint when there is one, else its shape with random weights) and GPT-2 124M's
+shape (12x12x768, GPT-2 BPE and the turn tokens; random weights). Random weights have
+their turn tokens' rows zeroed, so greedy replies never end early and every stream
+generates --new_tokens. Each is served by serve.py in a subprocess (CPU, float32:
+sample.py's default NumPy step), then by llama-cpp-python's own OpenAI server on our
+`convert.py --to gguf` export of the same weights where llama-cpp-python[server] is
+installed and the architecture exports (the chat_arithmetic shape's ReLU² does not).
+For each concurrency, that many streaming /v1/chat/completions requests start at once
+(greedy, max_tokens --new_tokens); per request the seconds to its first content chunk
+(TTFT), and over the batch the generated tokens (the replies' usage) per wall second.
+serve.py queues requests (one worker, gptkit/serve/worker.py), so TTFT grows with the
+queue while the total rate stays one stream's; the rows "generate_stream, one batch of
+equal prompts" are the ceiling batching could reach (the same code on one batch of
+identical prompts, no server): the table shows what queueing costs.
+Run it alone on the machine: other load changes every figure.
+"""
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import select
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CHAT_CONFIG = "configs/chat_arithmetic.py"
+GPT2_SHAPE = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, bias=True, dropout=0.0)
+READY = re.compile(r"at http://127\.0\.0\.1:(\d+)/")
+CHARS = [chr(c) for c in range(32, 127)]
+
+
+def add_arguments(parser):
+    parser.add_argument("--quick", action="store_true", help="a smoke test: a tiny model, 1 and 2 streams")
+    parser.add_argument("--no_llama_cpp", action="store_true", help="leave llama-cpp-python's server out")
+    parser.add_argument("--new_tokens", type=int, default=48, help="tokens per reply (default 48)")
+    parser.add_argument("--out_dir", default="out-chat-arithmetic", help="where the trained chat model is looked for")
+    parser.add_argument("--streams", default="1,4,16", help="concurrencies, comma-separated (default 1,4,16)")
+
+
+def zero_turn_rows(model, base):
+    """Random weights: the turn tokens' output rows set to zero, so greedy never picks them."""
+    import torch
+
+    with torch.no_grad():
+        model.lm_head.weight[base:].zero_()
+    return model
+
+
+def random_chat_checkpoint(path, shape, tokenizer_dict, base):
+    import torch
+
+    from gptkit.checkpoint import save_checkpoint
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    config = GPTConfig(**{**shape, "vocab_size": base + 4})
+    model = zero_turn_rows(GPT(config), base)
+    save_checkpoint({"format_version": 1, "model": model.state_dict(), "model_config": dataclasses.asdict(config),
+                     "tokenizer": tokenizer_dict}, path)
+    return path
+
+
+def chat_shape():
+    from gptkit.config import read_config_file
+    from model import GPTConfig
+
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    return {k: v for k, v in read_config_file(str(REPO / CHAT_CONFIG)).items() if k in fields}
+
+
+def models(args, work):
+    """[(label, checkpoint path, where its weights come from)]."""
+    if args.quick:
+        shape = dict(n_layer=1, n_head=2, n_embd=32, block_size=64, dropout=0.0)
+        path = random_chat_checkpoint(work / "tiny" / "ckpt.pt", shape, {"type": "char", "chars": CHARS}, len(CHARS))
+        return [("tiny 1x2x32 chat model", path, "random weights")]
+    from gptkit import loading
+    from gptkit.errors import UserError
+
+    out = []
+    try:
+        trained = loading.find_checkpoint(args.out_dir)
+        out.append((f"{CHAT_CONFIG} chat model", trained, f"trained, {trained}"))
+    except UserError:
+        path = random_chat_checkpoint(work / "chat" / "ckpt.pt", chat_shape(), {"type": "char", "chars": CHARS},
+                                      len(CHARS))
+        out.append((f"{CHAT_CONFIG} shape, chat", path, "random weights"))
+    path = random_chat_checkpoint(work / "gpt2" / "ckpt.pt", GPT2_SHAPE, {"type": "gpt2"}, 50257)
+    out.append(("GPT-2 124M shape, chat", path, "random weights"))
+    return out
+
+
+def wait_ready(proc, pattern, timeout=300):
+    deadline = time.monotonic() + timeout
+    lines = []
+    while time.monotonic() < deadline:
+        if not select.select([proc.stderr], [], [], 1.0)[0]:
+            continue
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        found = pattern.search(line)
+        if found:
+            return int(found.group(1))
+    proc.kill()
+    raise RuntimeError("server did not start: " + "".join(lines[-5:]))
+
+
+def start_serve(ckpt):
+    env = dict(os.environ)
+    env.pop("GPT_FAULTS", None)
+    env.pop("GPTKIT_API_KEY", None)
+    proc = subprocess.Popen([sys.executable, str(REPO / "serve.py"), f"--ckpt={ckpt}", "--port=0", "--device=cpu",
+                             "--queue_size=64", "--model_name=bench"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    return proc, wait_ready(proc, READY)
+
+
+def start_llama_cpp(gguf, n_ctx):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+                             "--port", str(port), "--n_ctx", str(n_ctx), "--model_alias", "bench"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return proc, wait_ready(proc, re.compile(rf"(?:Uvicorn running on http://127\.0\.0\.1:)({port})"))
+
+
+def one_stream(port, content, new_tokens):
+    """(seconds to the first content chunk, tokens generated, seconds in all) of one streamed reply."""
+    body = {"model": "bench", "messages": [{"role": "user", "content": content}], "temperature": 0,
+            "max_tokens": new_tokens, "stream": True, "stream_options": {"include_usage": True},
+            "repeat_penalty": 1.0}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    first, pieces, tokens = None, 0, None
+    with urllib.request.urlopen(request, timeout=600) as r:
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for choice in chunk.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    pieces += 1
+                    first = first or time.perf_counter() - t0
+    return first or float("nan"), tokens if tokens is not None else pieces, time.perf_counter() - t0
+
+
+def load(port, streams, new_tokens):
+    """(median TTFT, slowest TTFT, tokens per wall second over all streams, tokens per stream)."""
+    one_stream(port, "warm up", 4)
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        results = list(pool.map(lambda i: one_stream(port, f"hello number {i}", new_tokens), range(streams)))
+    wall = time.perf_counter() - t0
+    ttft = [r[0] for r in results]
+    tokens = sum(r[1] for r in results)
+    return statistics.median(ttft), max(ttft), tokens / wall, tokens / streams
+
+
+def run(args):
+    from benchmarks.report import Table
+
+    counts = [1, 2] if args.quick else [int(s) for s in args.streams.split(",")]
+    new_tokens = 8 if args.quick else args.new_tokens
+    table = Table(
+        f"serve.py: concurrent streamed chat replies, {new_tokens} tokens each, CPU",
+        ["model", "server", "streams", "TTFT median (s)", "TTFT slowest (s)", "tokens/s, all streams",
+         "tokens per reply"],
+        note="Greedy replies through /v1/chat/completions with stream=true, all started at once; TTFT: the request "
+             "sent to its first content chunk; tokens/s: the replies' completion tokens over the wall time of the "
+             "batch. serve.py queues (one worker); llama-cpp-python's server also runs one request at a time.",
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as work:
+        for label, ckpt, source in models(args, Path(work)):
+            servers = [("serve.py", lambda: start_serve(ckpt))]
+            if not args.no_llama_cpp and not args.quick:
+                gguf = export_gguf(ckpt, Path(work))
+                if isinstance(gguf, str):
+                    print(f"{label}: llama-cpp-python left out ({gguf})", file=sys.stderr)
+                else:
+                    servers.append(("llama-cpp-python server (f32 GGUF)", lambda: start_llama_cpp(gguf, 1024)))
+            for streams in counts:  # the ceiling batching could reach: one batch of equal prompts, no server
+                table.add_row(f"{label} ({source})", "generate_stream, one batch of equal prompts (no server)",
+                              streams, "-", "-", round(batched_rate(ckpt, streams, new_tokens), 1), new_tokens)
+            for name, start in servers:
+                proc, port = start()
+                try:
+                    for streams in counts:
+                        median, slowest, rate, per = load(port, streams, new_tokens)
+                        table.add_row(f"{label} ({source})", name, streams, round(median, 3), round(slowest, 3),
+                                      round(rate, 1), round(per, 1))
+                finally:
+                    proc.terminate()
+                    proc.wait(timeout=60)
+    return [table]
+
+
+def batched_rate(ckpt, batch, new_tokens):
+    """Tokens per second of `batch` equal prompts generated as one batch in this process
+    (greedy, sample.py's CPU step): what serving in batches could reach at best; different
+    prompts would also need padding and masks that model.py's cache does not have."""
+    import torch
+
+    from gptkit import loading
+    from gptkit.checkpoint import load_checkpoint
+    from gptkit.cpu_decode import CPUDecoder
+    from gptkit.generate import generate_stream
+
+    model, tokenizer, _ = loading.model_from_checkpoint(load_checkpoint(ckpt), ckpt)
+    decoder = CPUDecoder(model)
+    idx = torch.tensor([tokenizer.encode("hello")] * batch, dtype=torch.long)
+    best = float("inf")
+    for _ in range(2):  # the first also warms up
+        t0 = time.perf_counter()
+        for _ in generate_stream(model, idx, new_tokens, temperature=0, decoder=decoder):
+            pass
+        best = min(best, time.perf_counter() - t0)
+    return batch * new_tokens / best
+
+
+def export_gguf(ckpt, work):
+    """Our GGUF of the checkpoint, or a string saying why there is none."""
+    try:
+        import llama_cpp.server.app  # noqa: F401  (the [server] extra)
+    except ImportError as e:
+        return f"llama-cpp-python[server] is not installed: {e}"
+    import convert
+    from gptkit.errors import UserError
+
+    dest = work / f"{Path(ckpt).parent.name}.gguf"
+    try:
+        code = convert.main([str(ckpt), str(dest), "--to", "gguf", "--outtype", "f32"])
+    except UserError as e:
+        return f"not exportable to GGUF: {e}"
+    return dest if code == 0 else f"convert.py exited {code}"

@@ -1,0 +1,209 @@
+"""serve.py's requests and replies in the OpenAI protocol: checking a request's JSON,
+its errors in OpenAI's shape, and the reply and chunk objects.
+
+Every mistake is an `ApiError`, answered as OpenAI answers one:
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature", "code": null}}
+
+What we do beyond or short of OpenAI, said once here (docs/serve.md says it for users):
+- max_tokens above the server's cap (default the model's block_size) is capped, not
+  refused; absent, it is the cap (/v1/completions: 16, as OpenAI). The reply's
+  "gptkit" object gives the max_tokens used and how many of the oldest messages
+  were dropped to fit the context (as sample.py --chat drops them).
+- One `stop` string (a list of one is taken too); n must be 1; no logprobs, tools.
+- top_k, min_p and repetition_penalty are taken as extensions (llama.cpp's servers take them).
+- Fields we do not know are ignored (clients send many); a known field of the wrong type is an error.
+"""
+
+import dataclasses
+import secrets
+import time
+
+ROLES = ("system", "user", "assistant")
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class ApiError(Exception):
+    def __init__(self, status, message, type="invalid_request_error", param=None, code=None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self):
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message, type="invalid_request_error", param=None, code=None):
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+               413: "invalid_request_error", 503: "server_error", 500: "server_error"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """What generate.generate_samples reads of a request (sample.py's SampleConfig's fields)."""
+
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    min_p: float | None
+    repetition_penalty: float
+    stop: str | None
+    seed: int
+    compile: bool
+    cpu_decode: bool
+    dtype: str
+    num_samples: int = 1
+    use_cache: bool = True
+    shift_context: bool = True
+
+
+def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def field(body, name, check, what, default=None):
+    """body[name] when present and not null, checked by `check`; else `default`."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not check(value):
+        raise ApiError(400, f"{name} must be {what}, not {value!r}"[:300], param=name)
+    return value
+
+
+def message_text(m, i):
+    """A message's content: a string, or OpenAI's list of text parts joined."""
+    content = m.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise ApiError(400, f"messages[{i}].content must be a string (or a list of text parts)",
+                   param=f"messages[{i}].content")
+
+
+def check_messages(value):
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, "messages must be a non-empty list of {\"role\": ..., \"content\": ...}", param="messages")
+    messages = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            role = m.get("role") if isinstance(m, dict) else m
+            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, not {role!r}"[:300],
+                           param=f"messages[{i}].role")
+        if m["role"] == "system" and i != 0:
+            raise ApiError(400, f"messages[{i}] is a system message: only the first message may be one",
+                           param=f"messages[{i}].role")
+        messages.append({"role": m["role"], "content": message_text(m, i)})
+    if messages[-1]["role"] != "user":
+        raise ApiError(400, "the last message must be the user's: the model writes the assistant's reply to it",
+                       param="messages")
+    return messages
+
+
+def check_common(body, model_name, max_tokens_cap, default_max_tokens, serve_cfg):
+    """(Sampling, stream, include_usage, gptkit extras) of a request body; ApiError for a mistake."""
+    from gptkit.sampling import check_sampling_options
+
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = field(body, "model", lambda v: isinstance(v, str), "a string", model_name)
+    if model != model_name:
+        raise ApiError(404, f"the model {model!r}"[:200] + f" does not exist here: this server serves {model_name!r} "
+                       "(GET /v1/models)", param="model", code="model_not_found")
+    if field(body, "n", is_int, "an integer", 1) != 1:
+        raise ApiError(400, "n must be 1: one reply per request", param="n")
+    for name in ("logprobs", "echo"):
+        if field(body, name, lambda v: isinstance(v, (bool, int)), "a boolean", False):
+            raise ApiError(400, f"{name} is not supported by this server", param=name)
+    if field(body, "tools", lambda v: isinstance(v, list), "a list", []):
+        raise ApiError(400, "tools are not supported by this server", param="tools")
+    max_tokens = field(body, "max_completion_tokens", is_int, "an integer", None)
+    max_tokens = field(body, "max_tokens", is_int, "an integer", max_tokens)
+    if max_tokens is not None and max_tokens < 0:
+        raise ApiError(400, f"max_tokens must be 0 or more, not {max_tokens}", param="max_tokens")
+    asked = default_max_tokens if max_tokens is None else max_tokens
+    used = min(asked, max_tokens_cap)
+    temperature = field(body, "temperature", is_number, "a number", 1.0)
+    if not 0 <= temperature <= 2:
+        raise ApiError(400, f"temperature must be between 0 and 2, not {temperature}", param="temperature")
+    top_p = field(body, "top_p", is_number, "a number", None)
+    top_k = field(body, "top_k", is_int, "an integer", None)
+    min_p = field(body, "min_p", is_number, "a number", None)
+    penalty = field(body, "repetition_penalty", is_number, "a number", 1.0)
+    seed = field(body, "seed", is_int, "an integer", None)
+    seed = secrets.randbelow(2**62) if seed is None else seed
+    if not 0 <= seed < 2**63:
+        raise ApiError(400, f"seed must be between 0 and 2**63 - 1, not {seed}", param="seed")
+    stop = field(body, "stop", lambda v: isinstance(v, (str, list)), "a string or a list of strings", None)
+    if isinstance(stop, list):
+        if len(stop) > 1 or not all(isinstance(s, str) for s in stop):
+            raise ApiError(400, "stop: this server takes one stop string (or a list of one)", param="stop")
+        stop = stop[0] if stop else None
+    if stop == "":
+        raise ApiError(400, "stop must not be empty", param="stop")
+    try:
+        check_sampling_options(temperature, top_k, top_p, min_p, penalty)
+    except ValueError as e:
+        raise ApiError(400, str(e))
+    stream = field(body, "stream", lambda v: isinstance(v, bool), "true or false", False)
+    options = field(body, "stream_options", lambda v: isinstance(v, dict), "an object", {})
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise ApiError(400, "stream_options.include_usage must be true or false", param="stream_options")
+    sampling = Sampling(max_new_tokens=used, temperature=float(temperature), top_k=top_k or None,
+                        top_p=None if top_p is None else float(top_p), min_p=None if min_p is None else float(min_p),
+                        repetition_penalty=float(penalty), stop=stop, seed=seed, compile=serve_cfg.compile,
+                        cpu_decode=serve_cfg.cpu_decode, dtype=serve_cfg.dtype)
+    extras = {"max_tokens": used, "max_tokens_capped": used < asked}
+    return sampling, stream, include_usage, extras
+
+
+def check_prompt(body):
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise ApiError(400, "prompt must be a string (or a list of one string)", param="prompt")
+    return prompt
+
+
+def new_id(prefix):
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def usage(prompt_tokens, completion_tokens):
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def chat_reply(rid, model, text, start, done, extras):
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": done["finish_reason"], "logprobs": None}],
+            "usage": usage(start["prompt_tokens"], done["completion_tokens"]),
+            "gptkit": {**extras, "dropped_messages": start["dropped_messages"]}}
+
+
+def completion_reply(rid, model, text, start, done, extras):
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": done["finish_reason"], "logprobs": None}],
+            "usage": usage(start["prompt_tokens"], done["completion_tokens"]), "gptkit": extras}
+
+
+def chat_chunk(rid, model, delta, finish_reason=None, **more):
+    return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}], **more}
+
+
+def completion_chunk(rid, model, text, finish_reason=None, **more):
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}], **more}

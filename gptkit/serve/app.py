@@ -1,0 +1,296 @@
+"""serve.py's HTTP side: a Starlette app with OpenAI's endpoints, the chat page, and
+the uvicorn server that runs it until SIGINT or SIGTERM.
+
+    GET  /                      the chat page (gptkit/serve/page.html)
+    GET  /health                {"status": "ok", ...}: no key needed
+    GET  /v1/models             the one model served
+    POST /v1/chat/completions   chat models only: the template of gptkit/chat.py
+    POST /v1/completions        any model: a plain continuation of `prompt`
+
+Streams are server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
+Each request waits for the generation worker (gptkit/serve/worker.py); the event
+loop only reads requests and writes what the worker makes.
+"""
+
+import asyncio
+import hmac
+import json
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import HTMLResponse, JSONResponse
+from starlette.routing import Route
+
+from gptkit.serve import api
+from gptkit.serve.api import ApiError
+from gptkit.serve.worker import Job, Overloaded
+
+PAGE = Path(__file__).resolve().parent / "page.html"
+DISCONNECT_POLL_S = 0.2  # how often a request waiting for its turn checks that its client is still there
+
+
+def error_response(status, message, type=None, param=None, code=None, headers=None):
+    return JSONResponse(api.error_body(message, type or api.ERROR_TYPES.get(status, "invalid_request_error"),
+                                       param, code), status_code=status, headers=headers)
+
+
+def api_error_response(e):
+    headers = {"Retry-After": "1"} if e.status == 503 else None
+    return error_response(e.status, e.message, e.type, e.param, e.code, headers)
+
+
+async def read_json(request, limit):
+    """The request's JSON body, read up to `limit` bytes: ApiError 413 past it, 400 for bad JSON."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"the request body is {int(length):,} bytes, over the limit of {limit:,} bytes "
+                       "(--max_body_bytes)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the request body is over the limit of {limit:,} bytes (--max_body_bytes)")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not JSON: {e}"[:300])
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply")
+
+
+def worker_error(value):
+    """The ApiError of a worker's ("error", (status, message, code)) event."""
+    status, message, code = value
+    return ApiError(status, message, type=api.ERROR_TYPES.get(status, "server_error"), code=code)
+
+
+class Events:
+    """One job's events, handed from the worker thread to this request's task."""
+
+    def __init__(self, loop):
+        self.loop, self.queue = loop, asyncio.Queue()
+
+    def emit(self, kind, value):  # called by the worker thread
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, value))
+        except RuntimeError:
+            pass  # the loop has closed: the server is gone, nobody is listening
+
+    async def next(self, request, job):
+        """The next event; None (and the job cancelled) once the client has left."""
+        getter = asyncio.ensure_future(self.queue.get())
+        while True:
+            done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return getter.result()
+            if await request.is_disconnected():
+                getter.cancel()
+                job.cancel()
+                return None
+
+
+class EventStream:
+    """A server-sent events response written from a job's events. A send that fails
+    (the client left) or an http.disconnect cancels the job at once."""
+
+    def __init__(self, chunks, job):
+        self.chunks, self.job = chunks, job
+
+    async def __call__(self, scope, receive, send):
+        async def watch():
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.job.cancel()
+                    return
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                    (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
+            async for data in self.chunks:
+                text = data if isinstance(data, str) else json.dumps(data)
+                await send({"type": "http.response.body", "body": f"data: {text}\n\n".encode(), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (OSError, ClientDisconnect):
+            pass  # the client left mid-stream
+        finally:
+            self.job.cancel()
+            watcher.cancel()
+
+
+def build_app(state):
+    """The Starlette app. `state` holds cfg, worker, tokenizer, model_name, chat (turn ids or None), block_size."""
+    cfg = state.cfg
+
+    def authorize(request):
+        if not state.api_key:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), state.api_key.encode()):
+            raise ApiError(401, "a valid API key is needed: send the header 'Authorization: Bearer KEY'",
+                           type="authentication_error", code="invalid_api_key")
+
+    async def page(request):
+        return HTMLResponse(PAGE.read_text(encoding="utf-8"), headers={"cache-control": "no-cache"})
+
+    async def health(request):
+        return JSONResponse({"status": "ok", "model": state.model_name, "busy": state.worker.busy(),
+                             "capacity": state.worker.capacity})
+
+    async def models(request):
+        authorize(request)
+        return JSONResponse({"object": "list", "data": [
+            {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "gptkit",
+             "chat": state.chat is not None, "context_length": state.block_size}]})
+
+    async def chat_completions(request):
+        authorize(request)
+        body = await read_json(request, cfg.max_body_bytes)
+        sampling, stream, include_usage, extras = api.check_common(
+            body, state.model_name, state.max_tokens, state.max_tokens, cfg)
+        if state.chat is None:
+            raise ApiError(400, f"{state.model_name} is not a chat model (it has no turn tokens): use /v1/completions, "
+                           "or fine-tune it on a chat dataset first (docs/chat.md)", param="model",
+                           code="not_a_chat_model")
+        messages = api.check_messages(body.get("messages"))
+        return await answer(request, Job(sampling, None, messages=messages), "chat", stream, include_usage, extras)
+
+    async def completions(request):
+        authorize(request)
+        body = await read_json(request, cfg.max_body_bytes)
+        sampling, stream, include_usage, extras = api.check_common(
+            body, state.model_name, state.max_tokens, api.COMPLETIONS_DEFAULT_MAX_TOKENS, cfg)
+        prompt = api.check_prompt(body)
+        from gptkit.errors import UserError
+
+        try:
+            ids = state.tokenizer.encode(prompt)
+        except UserError as e:
+            raise ApiError(400, str(e), param="prompt")
+        if not ids:
+            if state.tokenizer.eot_id is None:
+                raise ApiError(400, "the prompt is empty, and this model has no end-of-text token to start from",
+                               param="prompt")
+            ids = [state.tokenizer.eot_id]
+        return await answer(request, Job(sampling, None, prompt=ids), "text", stream, include_usage, extras)
+
+    async def answer(request, job, kind, stream, include_usage, extras):
+        events = Events(asyncio.get_running_loop())
+        job.emit = events.emit
+        try:
+            state.worker.submit(job)
+        except Overloaded as e:
+            raise ApiError(503, str(e), type="server_error", code="server_overloaded")
+        first = await events.next(request, job)
+        if first is None:  # the client left while waiting
+            return JSONResponse({}, status_code=499)
+        if first[0] == "error":
+            raise worker_error(first[1])
+        start = first[1]
+        rid = api.new_id("chatcmpl" if kind == "chat" else "cmpl")
+        name = state.model_name
+        if not stream:
+            pieces = []
+            while True:
+                event = await events.next(request, job)
+                if event is None:
+                    return JSONResponse({}, status_code=499)
+                what, value = event
+                if what == "text":
+                    pieces.append(value)
+                elif what == "error":
+                    raise worker_error(value)
+                else:
+                    make = api.chat_reply if kind == "chat" else api.completion_reply
+                    return JSONResponse(make(rid, name, "".join(pieces), start, value, extras))
+
+        async def chunks():
+            gptkit = {**extras, "dropped_messages": start["dropped_messages"]}
+            if kind == "chat":
+                yield api.chat_chunk(rid, name, {"role": "assistant", "content": ""}, gptkit=gptkit)
+            else:
+                yield api.completion_chunk(rid, name, "", gptkit=gptkit)
+            while True:
+                event = await events.next(request, job)
+                if event is None:
+                    return
+                what, value = event
+                if what == "text":
+                    yield api.chat_chunk(rid, name, {"content": value}) if kind == "chat" \
+                        else api.completion_chunk(rid, name, value)
+                elif what == "error":
+                    yield worker_error(value).body()
+                    break
+                else:
+                    more = {"usage": None} if include_usage else {}
+                    yield api.chat_chunk(rid, name, {}, value["finish_reason"], **more) if kind == "chat" \
+                        else api.completion_chunk(rid, name, "", value["finish_reason"], **more)
+                    if include_usage:
+                        yield {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+                               "created": 0, "model": name, "choices": [],
+                               "usage": api.usage(start["prompt_tokens"], value["completion_tokens"])}
+                    break
+            yield "[DONE]"
+
+        return EventStream(chunks(), job)
+
+    async def on_api_error(request, e):
+        return api_error_response(e)
+
+    async def on_http_error(request, e):
+        message = {404: f"no such endpoint: {request.method} {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+        return error_response(e.status_code, message)
+
+    async def on_client_disconnect(request, e):
+        return JSONResponse({}, status_code=499)
+
+    async def on_error(request, e):  # a bug: the client gets one line, the log the traceback
+        traceback.print_exception(e, file=sys.stderr)
+        return error_response(500, f"internal error: {type(e).__name__}", "server_error")
+
+    routes = [
+        Route("/", page, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    handlers = {ApiError: on_api_error, HTTPException: on_http_error, ClientDisconnect: on_client_disconnect,
+                Exception: on_error}
+    return Starlette(routes=routes, exception_handlers=handlers)
+
+
+def run_server(app, state, sock, on_ready=None):
+    """Serve until SIGINT or SIGTERM: open streams are cut (their clients get an error
+    event and [DONE]), waiting requests refused, and the call returns (exit 0)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            # uvicorn's own handler records the signal and raises it again once stopped,
+            # which would end the process by that signal: a stop asked for is a clean exit here.
+            state.worker.stop()
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if on_ready is not None and self.started:
+                on_ready(self)
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=5, lifespan="off", h11_max_incomplete_event_size=64 * 1024)
+    server = Server(config)
+    server.run(sockets=[sock])
+    return server

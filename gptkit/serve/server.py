@@ -1,0 +1,112 @@
+"""serve.py's set-up: the listening socket, the key, the warning, the worker and the
+app, then the server until a signal (gptkit/serve/app.py runs it)."""
+
+import dataclasses
+import ipaddress
+import os
+import socket
+import sys
+import time
+
+from gptkit.chat import chat_vocabulary
+from gptkit.errors import UserError
+
+API_KEY_VARIABLE = "GPTKIT_API_KEY"
+
+
+@dataclasses.dataclass
+class State:
+    """What the routes read: the settings, the worker and the model's facts."""
+
+    cfg: object
+    worker: object
+    tokenizer: object
+    model_name: str
+    chat: dict | None
+    block_size: int
+    max_tokens: int
+    api_key: str | None
+    created: int
+
+
+def is_loopback(host):
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(host, port):
+    """A listening socket on host:port (port 0: a free one), or a UserError naming why not."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise UserError(f"cannot listen on host {host!r}: {e.strerror}")
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        hint = ": another server is using it; pick another --port" if e.errno == 98 else ""
+        raise UserError(f"cannot listen on {host}:{port} ({e.strerror}){hint}")
+    sock.set_inheritable(True)
+    return sock
+
+
+def exposure_warning(host, key):
+    """The one line printed when others can reach the server and no key is asked for, else None."""
+    if is_loopback(host) or key is not None:
+        return None
+    return (f"warning: serving on {host} without an API key: anyone who can reach it can use this model "
+            f"(set {API_KEY_VARIABLE} or --api_key)")
+
+
+def api_key(cfg):
+    """The key every request but /health and the page must carry: --api_key, else $GPTKIT_API_KEY."""
+    key = cfg.api_key if cfg.api_key is not None else os.environ.get(API_KEY_VARIABLE)
+    return key or None
+
+
+def serve(model, tokenizer, summary, cfg, device, model_name, sock):
+    """Run the server on the listening socket `sock` (from bind) until SIGINT or SIGTERM; 0 then."""
+    from gptkit.generate import make_decoder
+    from gptkit.serve import api
+    from gptkit.serve.app import build_app, run_server
+    from gptkit.serve.worker import Worker
+
+    key = api_key(cfg)
+    block = model.config.block_size
+    max_tokens = block if cfg.max_tokens is None else cfg.max_tokens
+    chat = chat_vocabulary(model.config.vocab_size, tokenizer.vocab_size)
+    defaults = api.Sampling(max_new_tokens=1, temperature=0.0, top_k=None, top_p=None, min_p=None,
+                            repetition_penalty=1.0, stop=None, seed=0, compile=cfg.compile,
+                            cpu_decode=cfg.cpu_decode, dtype=cfg.dtype)
+    decoder = make_decoder(model, defaults, device, batch_size=1)  # made once, used by every request
+    worker = Worker(model, tokenizer, device, decoder, cfg.queue_size)
+    state = State(cfg, worker, tokenizer, model_name, chat, block, max_tokens, key, int(time.time()))
+    app = build_app(state)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(summary, file=sys.stderr)
+    warning = exposure_warning(cfg.host, key)
+    if warning:
+        print(warning, file=sys.stderr)
+
+    def ready(server):
+        kind = "chat model" if chat else "not a chat model: /v1/completions only"
+        print(f"serving {model_name} ({kind}) at http://{shown}:{port}/ (chat page; OpenAI API at /v1); "
+              "Ctrl-C stops", file=sys.stderr, flush=True)
+
+    worker.start()
+    try:
+        run_server(app, state, sock, on_ready=ready)
+    finally:
+        worker.stop()
+        worker.join(timeout=10)
+        sock.close()
+    print("stopped", file=sys.stderr)
+    return 0
