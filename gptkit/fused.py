@@ -175,8 +175,8 @@ def apply(model, note=print):
 
 def describe(model):
     """What runs for RMSNorm and ReLU² in `model`, for the run's header."""
-    kinds = sorted({"RMSNorm" if isinstance(m, FusedRMSNorm) else "ReLU²" for m in model.modules()
-                    if isinstance(m, (FusedReLU2, FusedRMSNorm))}, reverse=True)
+    present = {type(m) for m in model.modules()}
+    kinds = [name for cls, name in ((FusedRMSNorm, "RMSNorm"), (FusedReLU2, "ReLU²")) if cls in present]
     if not kinds:
         return "model.py"
     return (f"gptkit/fused.py ({', '.join(kinds)} backward by hand, checked against model.py; "

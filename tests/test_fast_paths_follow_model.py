@@ -85,7 +85,7 @@ def unedited(tiny_data):
 
 
 def test_unedited_the_fast_paths_run_and_are_named(unedited):
-    assert "kernels gptkit/fused.py (ReLU², RMSNorm backward by hand, checked against model.py" in unedited["fused"]["log"]
+    assert "kernels gptkit/fused.py (RMSNorm, ReLU² backward by hand, checked against model.py" in unedited["fused"]["log"]
     assert "does not match" not in unedited["fused"]["log"]
     said = unedited["decode_true"]["stderr"]
     assert "decode: gptkit/cpu_decode.py (NumPy one-token step, checked against model.py" in said
