@@ -349,7 +349,7 @@ def train(model_cfg, cfg):
         return code
     except Exception as e:
         if dist.enabled and distributed.is_peer_failure(e):
-            raise distributed.peer_failed(e) from e  # another rank failed: it (or its node) says why
+            raise distributed.peer_failed(e) from e  # another rank failed: it or its node says why
         raise
     finally:
         if claim is not None:

@@ -117,8 +117,10 @@ class ChatBatches:
         epoch in an order shuffled by (seed, epoch). The last packing is kept."""
         epoch = step // self.steps_per_epoch
         if self.packed["train"][0] != epoch:
-            n = len(self.conversations["train"])
-            order = np.random.default_rng([self.seed, PACK_STREAM, epoch]).permutation(n).tolist()
+            order = None  # epoch 0: longest first
+            if epoch > 0:
+                rng = np.random.default_rng([self.seed, PACK_STREAM, epoch])
+                order = rng.permutation(len(self.conversations["train"])).tolist()
             self.packed["train"] = (epoch, self.pack("train", order))
         return self.packed["train"][1]
 

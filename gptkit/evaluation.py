@@ -269,6 +269,7 @@ def score_chat_split(candidate, data_dir, name, split, meta, settings):
 
 
 SESSION_CONVERSATIONS = 8  # conversations asked one after another in each multi-turn session
+MAX_SESSIONS = 64  # sessions scored (a reply at a time: ~450 later turns, seconds on a CPU)
 
 
 def chat_exact_match(candidate, data_dir, name, split, settings):
@@ -280,7 +281,8 @@ def chat_exact_match(candidate, data_dir, name, split, settings):
     the split's conversations asked one after another, SESSION_CONVERSATIONS to a
     session, every reply generated from the session's own history (the model's earlier
     replies, not the references; the oldest turns dropped as sample.py --chat drops
-    them); the turns after a session's first are counted."""
+    them); the turns after a session's first are counted, in the first MAX_SESSIONS
+    sessions (generated one reply at a time: the whole of a large split would take minutes)."""
     from gptkit.chat_batches import conversations_of
 
     meta = dataset.load_meta(data_dir, name)
@@ -343,7 +345,7 @@ def session_exact(candidate, conversations, turns, settings):
     room = max(1, model.config.block_size // 2)  # sample.py --chat's room for a reply (its default)
     stops = list(turns.values())
     exact = total = 0
-    for first in range(0, len(conversations), SESSION_CONVERSATIONS):
+    for first in range(0, min(len(conversations), MAX_SESSIONS * SESSION_CONVERSATIONS), SESSION_CONVERSATIONS):
         group = [messages_of(c, turns, tokenizer) for c in conversations[first : first + SESSION_CONVERSATIONS]]
         system = next((m["content"] for m in group[0] if m["role"] == "system"), None)
         session = Session(model, tokenizer, system)
@@ -379,8 +381,8 @@ def exact_match_lines(result):
 
     single, multi = result.exact_match["single"], result.exact_match["multi"]
     return (f"exact match, {result.name}: single turn {rate(*single)} replies (each given its "
-            f"conversation before it); multi-turn {rate(*multi)} later turns (sessions of "
-            f"{SESSION_CONVERSATIONS} conversations, each reply after the model's own earlier ones)")
+            f"conversation before it); multi-turn {rate(*multi)} later turns (up to {MAX_SESSIONS} "
+            f"sessions of {SESSION_CONVERSATIONS} conversations, each reply after the model's own earlier ones)")
 
 
 def evaluate_candidate(candidate, settings, texts=None, split=None, hellaswag_items=None, exact_match=False):
