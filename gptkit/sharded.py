@@ -39,6 +39,7 @@ with weights_only=True. run.json is plain JSON.
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -53,13 +54,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import FileSystem
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from gptkit.errors import UserError
 from gptkit.run_state import RunState, check_loop_state, rng_from_json
@@ -131,6 +125,8 @@ def read_run(folder):
 def read_weights(src):
     """A sharded checkpoint (out_dir or out_dir/ckpt/) as the dict a one-file ckpt.pt
     holds, without its optimizer states: what sample.py and eval.py read."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
     from model import GPT, GPTConfig
 
     run = read_run(src)
@@ -146,7 +142,11 @@ def read_weights(src):
 def load_state(checkpoint, state):
     """dcp.load into `state` (in place) from the verified checkpoint, through the safe
     reader and planner below; every failure becomes a UserError naming the folder."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     snapshot = checkpoint if isinstance(checkpoint, Snapshot) else open_checkpoint(checkpoint)
+    SafeReader, SafeLoadPlanner = safe_loaders()
     try:
         with warnings.catch_warnings():  # loading in one process is what we asked for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -174,50 +174,62 @@ def _describe(e):
     return f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
 
 
-class _HeldFiles(FileSystem):
-    """DCP's file system, reading a Snapshot's open files instead of opening paths."""
+@functools.cache
+def safe_loaders():
+    """(SafeReader, SafeLoadPlanner): DCP's reader and load planner made safe, built on
+    first use (torch.distributed.checkpoint takes ~1 s to import: a DDP or one-device
+    run never pays it)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystem
 
-    def __init__(self, snapshot):
-        self.snapshot = snapshot
+    class _HeldFiles(FileSystem):
+        """DCP's file system, reading a Snapshot's open files instead of opening paths."""
 
-    def create_stream(self, path, mode):
-        return self.snapshot.stream(Path(path).name)
+        def __init__(self, snapshot):
+            self.snapshot = snapshot
 
-
-class SafeReader(FileSystemReader):
-    """FileSystemReader over a verified Snapshot: its checked .metadata and its held files."""
-
-    def __init__(self, snapshot):
-        super().__init__(snapshot.folder)
-        self.snapshot = snapshot
-        self.fs = _HeldFiles(snapshot)
-
-    def read_metadata(self, *args, **kwargs):
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        metadata = self.snapshot.metadata
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
+        def create_stream(self, path, mode):
+            return self.snapshot.stream(Path(path).name)
 
 
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """Non-tensor values (param-group settings, step counts) read with weights_only=True."""
+    class SafeReader(FileSystemReader):
+        """FileSystemReader over a verified Snapshot: its checked .metadata and its held files."""
 
-    def load_bytes(self, read_item, value):
-        try:
-            obj = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as e:
-            # torch's message suggests weights_only=False: show only the line naming the object.
-            culprit = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line or "global" in line), "")
-            raise UserError(f"refusing to load {read_item.dest_index.fqn} from a sharded checkpoint: it holds "
-                            f"pickled Python objects that could run code. {culprit[:200]}")
-        # What DefaultLoadPlanner.load_bytes does after its own (unsafe) torch.load.
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
+        def __init__(self, snapshot):
+            super().__init__(snapshot.folder)
+            self.snapshot = snapshot
+            self.fs = _HeldFiles(snapshot)
+
+        def read_metadata(self, *args, **kwargs):
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            metadata = self.snapshot.metadata
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        """Non-tensor values (param-group settings, step counts) read with weights_only=True."""
+
+        def load_bytes(self, read_item, value):
+            try:
+                obj = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as e:
+                # torch's message suggests weights_only=False: show only the line naming the object.
+                culprit = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line or "global" in line), "")
+                raise UserError(f"refusing to load {read_item.dest_index.fqn} from a sharded checkpoint: it holds "
+                                f"pickled Python objects that could run code. {culprit[:200]}")
+            # What DefaultLoadPlanner.load_bytes does after its own (unsafe) torch.load.
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafeReader, SafeLoadPlanner
 
 
 # ---- what a folder must be before anything in it is used ------------------------------

@@ -24,7 +24,6 @@ from gptkit import lora
 from gptkit.checkpoint import save_checkpoint
 from gptkit.errors import PeerFailed, RunFailed
 from gptkit.train import distributed
-from gptkit.train import sharded
 from gptkit.run_state import provenance, rng_state
 
 
@@ -54,6 +53,8 @@ class Checkpointer:
         """kind "ckpt" (to resume) or "best" (weights only). A collective: every rank calls it."""
         run = {**self.info, **dataclasses.asdict(state)}
         if self.sharded:
+            from gptkit.train import sharded  # FSDP only: torch's DCP is slow to import
+
             sharded.save(kind, self.out_dir, self.raw_model, self.optimizers, run, self.device, self.dist)
         else:
             self._save_file(kind, run)
@@ -66,6 +67,8 @@ class Checkpointer:
         optimizer = None
         if self.fsdp:  # a LoRA run under FSDP: every rank joins in gathering the adapters and their moments
             weights = {k: v.full_tensor().cpu() for k, v in weights.items()}
+            from gptkit.train import sharded
+
             optimizer = sharded.optimizer_states_by_index(self.raw_model, self.optimizers) if kind == "ckpt" else None
         elif kind == "ckpt" and self.dist.is_main:
             optimizer = [opt.state_dict() for opt in self.optimizers]

@@ -27,7 +27,7 @@ from gptkit.errors import UserError
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
 from gptkit.paths import claim_output
 from gptkit.train import distributed
-from gptkit.train import sharded
+from gptkit import sharded  # the sharded checkpoint's names (not torch's DCP: light)
 
 # What makes a checkpoint "this run's" for init_from=auto: the model's settings (not its
 # dropout, nor the vocabulary, which the dataset sets and resume checks, nor the attention

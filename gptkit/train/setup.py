@@ -35,7 +35,7 @@ from gptkit.tokenizer import tokenizer_from_dict
 from gptkit.train import distributed
 from gptkit.train import fsdp
 from gptkit.train import optim
-from gptkit.train import sharded
+from gptkit import sharded  # finding and reading; loading into a run: gptkit/train/sharded.py
 from gptkit.run_state import RunState, check_loop_state, set_rng_state
 from model import GPT, GPTConfig
 
@@ -97,7 +97,7 @@ def shard(raw_model, ckpt, cfg, dist, dev):
     if ckpt is None:
         distributed.broadcast_params(raw_model, dist)
     elif "sharded" not in ckpt:  # a one-file checkpoint: its optimizer states by parameter name
-        ckpt["optimizer"] = sharded.optimizer_state_by_name(raw_model, cfg, dev.type, ckpt["optimizer"], Path(cfg.out_dir))
+        ckpt["optimizer"] = train_sharded().optimizer_state_by_name(raw_model, cfg, dev.type, ckpt["optimizer"], Path(cfg.out_dir))
     fsdp.shard(raw_model, dev.dtype)
 
 
@@ -112,9 +112,9 @@ def resume(ckpt, raw_model, optimizers, scaler, cfg, dist, dev):
     distributed.agreed(dist, lambda: check_resumable(ckpt, optimizers, out_dir, cfg))
     fresh = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in optimizers]
     if "sharded" in ckpt:  # out_dir/ckpt/: weights and optimizer states, resharded to this run
-        sharded.load_into(ckpt["sharded"], raw_model, optimizers)
+        train_sharded().load_into(ckpt["sharded"], raw_model, optimizers)
     elif cfg.parallel == "fsdp":
-        sharded.load_full_optimizer_state(raw_model, optimizers, ckpt["optimizer"])
+        train_sharded().load_full_optimizer_state(raw_model, optimizers, ckpt["optimizer"])
     else:
         for opt, saved in zip(optimizers, ckpt["optimizer"]):
             opt.load_state_dict(saved)
@@ -307,3 +307,11 @@ def check_resumable(ckpt, optimizers, out_dir, cfg):
     elif cfg.parallel == "ddp" and (not isinstance(ckpt.get("optimizer"), list) or len(ckpt["optimizer"]) != len(optimizers)):
         raise UserError(f"{checkpoint_source(ckpt, out_dir)} was trained with a different optimizer setting: resume with --optimizer as before")
     check_loop_state(ckpt, checkpoint_source(ckpt, out_dir))
+
+
+def train_sharded():
+    """gptkit/train/sharded.py, imported when an FSDP run or a sharded resume needs it
+    (torch.distributed.checkpoint takes ~1 s to import)."""
+    from gptkit.train import sharded as loader
+
+    return loader
