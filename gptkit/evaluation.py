@@ -269,7 +269,7 @@ def score_chat_split(candidate, data_dir, name, split, meta, settings):
 
 
 SESSION_CONVERSATIONS = 8  # conversations asked one after another in each multi-turn session
-MAX_SESSIONS = 64  # sessions scored (a reply at a time: ~450 later turns, seconds on a CPU)
+MAX_SESSIONS = 16  # sessions scored (a reply at a time: ~110 later turns or more, seconds on a CPU)
 
 
 def chat_exact_match(candidate, data_dir, name, split, settings):

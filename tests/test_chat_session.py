@@ -128,7 +128,7 @@ def test_exact_match_counts_the_replies_written_exactly(trained, tmp_path):
     write_run(untrained, GPT(GPTConfig(**ckpt["model_config"])), ckpt["tokenizer"])
     r = run("eval.py", str(untrained), f"--data_dir={data}", "--dataset=noise", "--exact_match", "--no_progress")
     assert r.returncode == 0 and "exact match, untrained: single turn 0 of 20 (0.0%) replies" in r.stdout
-    assert "multi-turn 0 of 17 (0.0%) later turns (up to 64" in r.stdout
+    assert "multi-turn 0 of 17 (0.0%) later turns (up to 16" in r.stdout
 
 
 def test_in_a_terminal_it_prompts_streams_the_reply_and_ctrl_d_leaves(trained):

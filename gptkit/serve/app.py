@@ -44,10 +44,16 @@ def api_error_response(e):
     return error_response(e.status, e.message, e.type, e.param, e.code, headers)
 
 
+DRAIN_FACTOR = 8  # an oversized body up to this many times the limit is read (and dropped) first
+
+
 async def read_json(request, limit):
     """The request's JSON body, read up to `limit` bytes: ApiError 413 past it, 400 for bad JSON."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
+        if int(length) <= DRAIN_FACTOR * limit:  # read and drop it: a client still sending then
+            async for _ in request.stream():      # reads the 413 instead of a broken pipe
+                pass
         raise ApiError(413, f"the request body is {int(length):,} bytes, over the limit of {limit:,} bytes "
                        "(--max_body_bytes)")
     chunks, size = [], 0
