@@ -168,10 +168,10 @@ def one_stream(port, content, new_tokens):
 
 def load(port, streams, new_tokens):
     """(median TTFT, slowest TTFT, tokens per wall second over all streams, tokens per stream)."""
-    one_stream(port, "warm up", 4)
+    one_stream(port, "What is 1+2?", 4)
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        results = list(pool.map(lambda i: one_stream(port, f"hello number {i}", new_tokens), range(streams)))
+        results = list(pool.map(lambda i: one_stream(port, f"What is {i}+{i + 1}?", new_tokens), range(streams)))
     wall = time.perf_counter() - t0
     ttft = [r[0] for r in results]
     tokens = sum(r[1] for r in results)
@@ -229,7 +229,7 @@ def batched_rate(ckpt, batch, new_tokens):
 
     model, tokenizer, _ = loading.model_from_checkpoint(load_checkpoint(ckpt), ckpt)
     decoder = CPUDecoder(model)
-    idx = torch.tensor([tokenizer.encode("hello")] * batch, dtype=torch.long)
+    idx = torch.tensor([tokenizer.encode("What is 1+2?")] * batch, dtype=torch.long)
     best = float("inf")
     for _ in range(2):  # the first also warms up
         t0 = time.perf_counter()
