@@ -462,13 +462,21 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None):
         """idx (B, T) token ids -> logits (B, T, vocab_size) and, given targets (B, T),
-        the mean cross-entropy in fp32 (targets of -1 are ignored)."""
-        logits = self._logits(self._hidden(idx))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(
-                logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
-            )
+        the mean cross-entropy in fp32 (targets of -1 are ignored).
+
+        Where some targets are -1 (chat data: only the replies are learned), the output
+        layer runs on the N positions that have one: logits (N, vocab_size). On a
+        GPT-2-sized vocabulary that layer is most of a small model's step."""
+        x = self._hidden(idx)
+        if targets is None:
+            return self._logits(x), None
+        scored = targets >= 0  # (B, T)
+        if not torch.compiler.is_compiling() and not scored.all():  # compiled: fixed shapes
+            x, targets = x[scored], targets[scored]  # (N, C), (N,)
+        logits = self._logits(x)
+        loss = F.cross_entropy(
+            logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
+        )
         return logits, loss
 
     @torch.no_grad()

@@ -221,9 +221,37 @@ def test_loss_is_mean_cross_entropy_ignoring_minus_one():
     targets[0, :3] = -1
     logits, loss = model(idx, targets)
     keep = targets != -1
-    expected = torch.nn.functional.cross_entropy(logits[keep], targets[keep])
+    expected = torch.nn.functional.cross_entropy(model(idx)[0][keep], targets[keep])
     torch.testing.assert_close(loss, expected)
     assert loss.dtype == torch.float32
+    assert logits.shape == (int(keep.sum()), 37)  # the output layer ran on the targets only
+
+
+@pytest.mark.parametrize("variant", ["gpt2", "softcap_padded"])
+def test_output_layer_on_targets_only_keeps_loss_and_gradients(variant):
+    """Chat windows (most positions -1): the output layer runs on the N target
+    positions only, and the loss and every gradient equal the whole-window
+    computation's (model(idx)'s logits, cross-entropy ignoring -1) to rounding."""
+    extra = dict(logit_softcap=15.0, pad_vocab_multiple=64, tie_embeddings=False) if variant != "gpt2" else {}
+    model = tiny_model(**extra).train()
+    idx, targets = torch.randint(0, 37, (3, 16)), torch.randint(0, 37, (3, 16))
+    targets[:, :9] = -1  # a prompt
+    targets[1, 12:] = -1  # padding after a short reply
+    targets[2] = -1  # a window with no reply at all
+    rows = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: rows.append(args[0].shape))
+    _, loss = model(idx, targets)
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    whole = model(idx)[0]  # (B, T, vocab_size): the output layer on every position
+    expected = torch.nn.functional.cross_entropy(whole.reshape(-1, 37), targets.reshape(-1), ignore_index=-1)
+    expected.backward()
+    hook.remove()
+    assert rows[0] == (int((targets >= 0).sum()), 32) and rows[1] == (3, 16, 32)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_gpt2_initialization():
