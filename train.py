@@ -94,6 +94,9 @@ class TrainConfig:
                              "rest)")
     learning_rate: float = setting(6e-4, "peak AdamW learning rate")
     max_iters: int = setting(600000, "total optimizer steps")
+    time_budget: float = setting(0.0, "train for this many seconds instead (0 = off; max_iters "
+                                 "still caps it): CPU seconds of training steps on a CPU, wall "
+                                 "seconds on a GPU; the schedule's decay follows the share spent")
     weight_decay: float = setting(0.1, "AdamW weight decay, on matrices only")
     beta1: float = setting(0.9, "AdamW beta1")
     beta2: float = setting(0.95, "AdamW beta2")
@@ -388,14 +391,14 @@ def run(model_cfg, cfg, dist, start_time):
     byte_lengths = setup.eval_byte_lengths(meta, dev.name)
     plan = batches.eval_plan(cfg.eval_iters, cfg.seed, byte_lengths, dev.autocast(), dist)
     step = Step(model, raw_model, optimizers, scaler, batches, dev.autocast(), dist, cfg.grad_clip)
-
     recorded = setup.settings_as_run(model_cfg, cfg, dev, raw_model)
     write = dist.is_main and not cfg.eval_only
     if dist.is_main:
         print("\n".join(setup.header(recorded, raw_model, dist, dev, cfg)))
     if write and cfg.init_from == "resume":
         logger.trim_metrics(out_dir / "metrics.jsonl", state.iter_num)
-    log = logger.Logger(cfg, state, recorded, dist.is_main, write_files=write,
+    schedule = optim.Schedule(cfg, dev.type)  # to max_iters, or until the time_budget is spent
+    log = logger.Logger(cfg, state, recorded, dist.is_main, schedule, write_files=write,
                         tokens_per_iter=batches.tokens_per_step(),
                         mfu=logger.mfu_meter(model_cfg, dist.world_size, dev.name, dist.is_main))
     model.report_fallback_to(log.compile_failed)  # compile fails at the first forward: logged
@@ -408,15 +411,15 @@ def run(model_cfg, cfg, dist, start_time):
     stop = distributed.StopFlag().install()
     try:
         while True:
-            if state.eval_due(cfg.eval_interval, cfg.max_iters) or cfg.eval_only:
-                if state.iter_num >= cfg.max_iters and not cfg.eval_only:
+            if state.eval_due(cfg.eval_interval, schedule.finished(state)) or cfg.eval_only:
+                if schedule.finished(state) and not cfg.eval_only:
                     saver.save_finished(state, cfg.always_save_checkpoint)  # the last eval may fail
                 with log.clock.paused():  # train_cpu_s leaves evaluations out
                     scores = evaluate(model, plan, stop, log.eval_progress(state.iter_num))
                 state.train_cpu_s = log.clock.cpu_s()
                 if scores is None:  # a stop signal during the evaluation
                     return stopped(saver, state, log, stop, start_time, during_eval=True)
-                log.eval(scores, optim.lr_at(state.iter_num, cfg))
+                log.eval(scores, cfg.learning_rate * schedule.lr_scale(state))
                 if cfg.eval_only:
                     break
                 val_loss, train_loss = scores["val"].loss, scores["train"].loss
@@ -427,14 +430,14 @@ def run(model_cfg, cfg, dist, start_time):
                 state.val_loss, state.last_eval_iter = val_loss, state.iter_num
                 state.best_val_loss = min(state.best_val_loss, val_loss)
                 saver.after_eval(state, improved, cfg.always_save_checkpoint)  # ckpt.pt, best.pt
-            if state.iter_num >= cfg.max_iters:
+            if schedule.finished(state):
                 break
-            lr_scale = optim.lr_scale(state.iter_num, cfg)  # once per step: set, then logged
+            lr_scale = schedule.lr_scale(state)  # once per step: set, then logged
             with log.clock.step():
                 loss, grad_norm, stop_now = train_step(step, state.iter_num, lr_scale, stop)
             state.train_time_s += log.clock.last_step_s
             state.train_cpu_s = log.clock.cpu_s()
-            log.train(loss, grad_norm, cfg.learning_rate * lr_scale)  # optim.lr_at(state.iter_num)
+            log.train(loss, grad_norm, cfg.learning_rate * lr_scale)  # AdamW's rate
             state.iter_num += 1
             if stop_now:
                 return stopped(saver, state, log, stop, start_time)

@@ -12,8 +12,9 @@ split of the run's best checkpoint, in consecutive block_size windows (for ours
 the config's own final evaluation, which is exactly that; for nanoGPT its
 ckpt.pt, the best by its own 20-batch estimate, scored here afterwards).
 
-Ours at budget B: the config with max_iters and eval_interval scaled by B/1200 (the
-schedule follows max_iters). nanoGPT at budget B: its config/train_shakespeare_char.py with its
+Ours at budget B: the config's time_budget less 1200 - B (the reserve it keeps for its
+evaluations), eval_interval scaled by B/1200; a config without a time_budget has its
+max_iters scaled by B/1200 instead (the schedule follows max_iters). nanoGPT at budget B: its config/train_shakespeare_char.py with its
 README's CPU overrides (4x4x128, block 64, batch 12, no dropout: the baby GPT itself
 takes ~20 CPU s a step here, ~60 steps in 1200 s), max_iters = lr_decay_iters scaled to
 fill the budget at the rate --nanogpt_iters_per_1200 says.
@@ -55,10 +56,13 @@ def add_arguments(parser):
     parser.add_argument("--keep_dir", default=None, help="keep every run's folder here")
 
 
-def config_setting(config, name):
+def config_setting(config, name, default=None):
     from gptkit.config import read_config_file
 
-    return int(read_config_file(config)[name])
+    values = read_config_file(config)
+    if name not in values and default is not None:
+        return default
+    return type(values[name])(values[name])
 
 
 def scaled(iters, budget):
@@ -78,28 +82,37 @@ def candidates(args):
     return out
 
 
-def setting_of(overrides, name, default):
+def setting_of(overrides, name, default, kind=int):
     for arg in overrides:
         if arg.startswith(f"--{name}="):
-            return int(arg.split("=", 1)[1])
+            return kind(arg.split("=", 1)[1])
     return default
 
 
 def ours(args, label, overrides, budget, work):
+    """The config at `budget`: with a time_budget, that budget less the same reserve the
+    config keeps from 1200 s (its evaluations); without one, max_iters scaled."""
     from benchmarks.bench_speedrun import read_metrics
 
-    iters = scaled(setting_of(overrides, "max_iters", config_setting(args.config, "max_iters")), budget)
+    time_budget = setting_of(overrides, "time_budget", config_setting(args.config, "time_budget", 0), float)
     every = scaled(setting_of(overrides, "eval_interval", config_setting(args.config, "eval_interval")), budget)
     out = work / f"ours-{budget}-{len(list(work.iterdir()))}"
     data = out.with_name(out.name + "-data")  # prepared inside the budget
-    overrides = [a for a in overrides if not a.startswith(("--max_iters=", "--eval_interval="))]  # scaled above
-    command = [sys.executable, "train.py", args.config, *overrides, f"--max_iters={iters}", f"--eval_interval={every}",
+    scaled_names = ("--max_iters=", "--eval_interval=", "--time_budget=")
+    overrides = [a for a in overrides if not a.startswith(scaled_names)]  # scaled here
+    if time_budget:
+        overrides.append(f"--time_budget={time_budget - (FULL_BUDGET - budget):g}")
+    else:
+        iters = scaled(setting_of(overrides, "max_iters", config_setting(args.config, "max_iters")), budget)
+        overrides.append(f"--max_iters={iters}")
+    command = [sys.executable, "train.py", args.config, *overrides, f"--eval_interval={every}",
                f"--out_dir={out}", f"--data_dir={data}", "--device=cpu", "--progress_bar=false"]
     r = one_thread.run_one_thread(command, REPO, out.with_suffix(".log"))
-    evals = [x for x in read_metrics(out / "metrics.jsonl") if x.get("kind") == "eval"]
+    records = read_metrics(out / "metrics.jsonl")
+    evals = [x for x in records if x.get("kind") == "eval"]
     best = min(e["val_loss"] for e in evals)  # best.pt's; the config evaluates the whole split
     shutil.rmtree(data, ignore_errors=True)
-    return dict(label=f"ours: {label}", iters=iters, score=best, **r)
+    return dict(label=f"ours: {label}", iters=max(e["iter"] for e in evals), score=best, **r)
 
 
 def nanogpt(args, nano, budget, work):

@@ -36,9 +36,9 @@ class RunState:
         train_time_s or train_cpu_s lack them: those start from their defaults."""
         return cls(**{f.name: ckpt[f.name] for f in dataclasses.fields(cls) if f.name in ckpt})
 
-    def eval_due(self, eval_interval, max_iters):
+    def eval_due(self, eval_interval, at_end):
         """Evaluate (and save) every eval_interval iterations and at the end, once per iteration."""
-        return (self.iter_num % eval_interval == 0 or self.iter_num >= max_iters) and self.iter_num != self.last_eval_iter
+        return (self.iter_num % eval_interval == 0 or at_end) and self.iter_num != self.last_eval_iter
 
 
 def provenance(device):

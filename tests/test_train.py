@@ -99,6 +99,37 @@ def test_resume_from_eval_checkpoint_equals_uninterrupted(data_dir, tmp_path):
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
 
+def test_a_time_budget_ends_the_run_when_spent_with_the_decay_done_and_resumes_to_a_larger_one(data_dir, tmp_path):
+    """The budget counts the process's CPU seconds with evaluations left out (train_cpu_s:
+    start-up included, ~2 s here), so the runs are processes of their own."""
+    out = tmp_path / "out"
+    budget = dict(max_iters=100_000, time_budget=4, eval_interval=100_000, lr_decay_iters=100_000)
+    result = run_train_subprocess(tiny_args(data_dir, out, **budget))
+    assert result.returncode == 0, result.stderr
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    steps = read_metrics(out, "train")
+    assert len(steps) == ckpt["iter_num"] > 5 and 4 <= ckpt["train_cpu_s"] < 4.5  # ends at the step past it
+    lrs = [r["lr"] for r in steps[2:]]  # after the warmup the rate falls with the share spent, towards min_lr
+    assert all(a >= b for a, b in zip(lrs, lrs[1:])) and lrs[0] > 2 * lrs[-1] and lrs[-1] < 0.15e-2
+    evals = read_metrics(out, "eval")
+    assert [e["iter"] for e in evals] == [0, ckpt["iter_num"]] and evals[-1]["lr"] == pytest.approx(1e-3)
+    assert (out / "best.pt").is_file()
+    result = run_train_subprocess(tiny_args(data_dir, out, init_from="resume", **{**budget, "time_budget": 7}))
+    assert result.returncode == 0, result.stderr
+    resumed = load_checkpoint(out / "ckpt.pt")
+    assert resumed["iter_num"] > ckpt["iter_num"] and 7 <= resumed["train_cpu_s"] < 7.5
+    assert [r["iter"] for r in read_metrics(out, "train")] == list(range(resumed["iter_num"]))
+
+
+def test_a_time_budget_under_several_ranks_is_refused_naming_max_iters(data_dir, tmp_path):
+    from gptkit.config import parse_settings
+
+    _, cfg = parse_settings(tiny_args(data_dir, tmp_path / "out", time_budget=60), [train.GPTConfig, train.TrainConfig])
+    check_world_size(cfg, 1)  # one process: its own clock ends the run
+    with pytest.raises(UserError, match="time_budget=60 runs on one process: under torchrun set --max_iters"):
+        check_world_size(cfg, 2)
+
+
 def wait_for_progress(out_dir, min_iter, proc=None, timeout=120):
     """Block until metrics.jsonl has a train record at or past min_iter."""
     deadline = time.time() + timeout

@@ -161,7 +161,7 @@ class Logger:
     `mfu(tokens_per_s)` gives the model FLOPs utilisation of this rank's share of a
     step's tokens, or None where no peak is known."""
 
-    def __init__(self, cfg, state, run_config, enabled, write_files=True, tokens_per_iter=0, mfu=None):
+    def __init__(self, cfg, state, run_config, enabled, schedule, write_files=True, tokens_per_iter=0, mfu=None):
         self.enabled = enabled
         self.run_config, self.write_files = run_config, write_files
         self.config_path = Path(cfg.out_dir) / "config.json"
@@ -170,7 +170,8 @@ class Logger:
         self.bar = None
         self.wandb = None
         self.metrics = None
-        self.total_iters = cfg.max_iters
+        self.schedule = schedule  # for the ETA (optim.Schedule)
+        self.total_iters = None if cfg.time_budget else cfg.max_iters  # a budget's steps are not known
         self.step_seconds = collections.deque(maxlen=ETA_WINDOW)  # the latest steps' durations, for the ETA
         self.steps_timed = 0
         self.tty = sys.stdout.isatty()
@@ -207,9 +208,7 @@ class Logger:
             except OSError as e:  # a full disk, most likely
                 raise RunFailed(f"could not write {self.metrics.name}: {e}")
         if rec["kind"] == "train":
-            eta = None
-            if self.seconds_per_iter is not None:
-                eta = self.seconds_per_iter * max(0, self.total_iters - rec["iter"] - 1)
+            eta = self.schedule.eta_s(self.state, self.seconds_per_iter)
             self.print(format_train_line(rec, self.total_iters, eta))
         elif rec["kind"] == "eval":
             self.print(format_eval_line(rec))

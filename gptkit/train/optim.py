@@ -15,9 +15,11 @@ import math
 import torch
 
 
-def lr_scale(step, cfg):
+def lr_scale(step, cfg, progress=None):
     """The schedule's factor at iteration `step` (0-based): every parameter group
     trains at its peak rate (AdamW's learning_rate, Muon's muon_lr) times this.
+    `progress` (a time budget's share spent, 0 to 1) stands for step / lr_decay_iters
+    after the warmup: the decay then follows the clock instead of the step count.
 
     decay_lr=False: 1 at every step (nanoGPT's meaning). Otherwise a linear warmup
     over `warmup_iters`, then by `lr_schedule`:
@@ -34,6 +36,8 @@ def lr_scale(step, cfg):
         return (step + 1) / (cfg.warmup_iters + 1)
     if cfg.lr_schedule == "constant":
         return 1.0
+    if progress is not None:
+        step = max(progress * cfg.lr_decay_iters, cfg.warmup_iters)  # the decay starts after the warmup
     floor = cfg.min_lr / cfg.learning_rate if cfg.learning_rate > 0 else 0.0
     if step >= cfg.lr_decay_iters:
         return floor
@@ -50,8 +54,44 @@ def lr_scale(step, cfg):
 
 
 def lr_at(step, cfg):
-    """AdamW's learning rate at iteration `step`: what the log shows."""
+    """AdamW's learning rate at iteration `step` of a run without a time budget."""
     return cfg.learning_rate * lr_scale(step, cfg)
+
+
+class Schedule:
+    """Where the run stands on its schedule: it ends after max_iters steps or, with a
+    time_budget, once that many seconds of training steps are spent (evaluations,
+    saves and start-up left out), the learning rate's decay then following the share
+    spent. The clock is the run's own, saved in every checkpoint (RunState): on a CPU
+    its CPU seconds (train_cpu_s: a fixed CPU budget, unmoved by other processes), on
+    a GPU the wall seconds inside steps (train_time_s)."""
+
+    def __init__(self, cfg, device_type):
+        self.cfg, self.cpu = cfg, device_type == "cpu"
+
+    def spent_s(self, state):
+        return state.train_cpu_s if self.cpu else state.train_time_s
+
+    def progress(self, state):
+        """The share of the time budget spent (0 to 1), or None without one."""
+        budget = self.cfg.time_budget
+        return min(1.0, self.spent_s(state) / budget) if budget else None
+
+    def finished(self, state):
+        """max_iters steps taken, or the time budget spent."""
+        return state.iter_num >= self.cfg.max_iters or self.progress(state) == 1.0
+
+    def lr_scale(self, state):
+        return lr_scale(state.iter_num, self.cfg, self.progress(state))
+
+    def eta_s(self, state, seconds_per_iter):
+        """Seconds left after step state.iter_num: by the budget's clock, or seconds_per_iter
+        for each step left."""
+        if self.cfg.time_budget:
+            return max(0.0, self.cfg.time_budget - self.spent_s(state))
+        if seconds_per_iter is None:
+            return None
+        return seconds_per_iter * max(0, self.cfg.max_iters - state.iter_num - 1)
 
 
 def schedule_warnings(cfg):

@@ -53,6 +53,9 @@ def check(cfg):
         value = getattr(cfg, name)
         if not math.isfinite(value) or value < 0:
             problems.append(f"{name}={value} must be a finite number, not negative")
+    if not math.isfinite(cfg.time_budget) or cfg.time_budget < 0:
+        problems.append(f"time_budget={cfg.time_budget} must be a finite number of seconds, not negative "
+                        "(0 = off)")
     for name in ("beta1", "beta2", "muon_momentum"):
         if not 0 <= getattr(cfg, name) < 1:
             problems.append(f"{name}={getattr(cfg, name)} must be in [0, 1)")
@@ -122,6 +125,9 @@ def check_batch_sizes(model_cfg, cfg):
 
 
 def check_world_size(cfg, world_size):
+    if cfg.time_budget and world_size > 1:  # each rank's clock would end the run at its own step
+        raise UserError(f"time_budget={cfg.time_budget:g} runs on one process: under torchrun set "
+                        "--max_iters instead (and --time_budget=0)")
     if cfg.gradient_accumulation_steps % world_size:
         G = cfg.gradient_accumulation_steps
         raise UserError(

@@ -72,3 +72,25 @@ def test_grad_scaler_only_for_float16():
     assert not optim.make_scaler(torch.float32, "cpu").is_enabled()
     assert not optim.make_scaler(torch.bfloat16, "cpu").is_enabled()
     assert optim.make_scaler(torch.float16, "cpu").is_enabled()
+
+
+def test_a_time_budgets_decay_follows_the_share_spent_as_the_step_schedule_follows_steps():
+    for schedule in ("cosine", "wsd"):
+        c = cfg(lr_schedule=schedule)
+        for step in range(10, 130):  # after the warmup, progress p stands for step p * lr_decay_iters
+            assert optim.lr_scale(step, c, progress=min(1.0, step / 100)) == pytest.approx(optim.lr_scale(step, c))
+        assert optim.lr_scale(3, c, progress=0.5) == optim.lr_scale(3, c)  # the warmup counts steps
+        assert optim.lr_scale(20, c, progress=0.0) == 1.0  # a warmup longer than the clock's share: the peak
+
+
+def test_a_schedule_ends_at_max_iters_or_when_its_budget_is_spent():
+    from gptkit.run_state import RunState
+
+    budget = optim.Schedule(types.SimpleNamespace(**vars(cfg()), max_iters=1000, time_budget=60.0), "cpu")
+    steps = optim.Schedule(types.SimpleNamespace(**vars(cfg()), max_iters=1000, time_budget=0.0), "cpu")
+    state = RunState(iter_num=500, train_cpu_s=30.0, train_time_s=90.0)
+    assert budget.progress(state) == 0.5 and not budget.finished(state) and budget.eta_s(state, 1.0) == 30.0
+    assert optim.Schedule(budget.cfg, "cuda").finished(state)  # a GPU's clock is wall seconds in steps
+    assert steps.progress(state) is None and not steps.finished(state) and steps.eta_s(state, 1.0) == 499
+    state.iter_num = 1000  # max_iters still caps a budget
+    assert budget.finished(state) and steps.finished(state)

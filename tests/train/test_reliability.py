@@ -134,6 +134,8 @@ def test_a_run_refused_at_start_leaves_no_out_dir(tmp_path):
         ({"beta2": "1"}, r"beta2=1.0 must be in \[0, 1\)"),
         ({"seed": str(2**70)}, "seed=.* must be between 0 and"),
         ({"seed": "-1"}, "seed=-1 must be between 0 and"),
+        ({"time_budget": "-5"}, "time_budget=-5.0 must be a finite number of seconds"),
+        ({"time_budget": "inf"}, "time_budget=inf must be a finite number of seconds"),
         ({"max_iters": "500", "lr_decay_iters": "400", "min_lr": "0"}, "steps 400 to 499 would train at learning rate 0"),
     ],
 )
@@ -384,12 +386,12 @@ def test_a_final_evaluation_that_fails_loses_no_trained_step(data_dir, tmp_path,
 def test_the_eta_follows_the_mean_of_recent_steps_not_the_last_one():
     from types import SimpleNamespace
 
-    from gptkit.train import logger
+    from gptkit.train import logger, optim
     from gptkit.run_state import RunState
 
     cfg = SimpleNamespace(out_dir="unused", log_interval=1, max_iters=1000, wandb_log=False, init_from="scratch",
-                          progress_bar=False)
-    log = logger.Logger(cfg, RunState(), {}, enabled=False)
+                          progress_bar=False, time_budget=0.0)
+    log = logger.Logger(cfg, RunState(), {}, enabled=False, schedule=optim.Schedule(cfg, "cpu"))
     log.advance(30.0)  # the first step compiles: not the pace
     assert log.seconds_per_iter == 30.0
     for _ in range(logger.ETA_WINDOW):
