@@ -64,7 +64,7 @@ import torch
 from gptkit import cpu_decode
 from gptkit import chat_session
 from gptkit.config import parse_settings, setting
-from gptkit.device import DTYPES, inference_dtype, resolve_device
+from gptkit.device import SAMPLE_DTYPES, inference_dtype, resolve_device
 from gptkit.errors import UserError, run_main
 from gptkit.generate import decode_path, generate_samples
 from gptkit.loading import load_model
@@ -109,7 +109,9 @@ class SampleConfig:
     dtype: str = setting(
         "auto", "weights' dtype: auto (bfloat16 on CUDA when supported, else float32), "
         "float32, bfloat16, float16 (on a CPU: weights rounded to float16, arithmetic in "
-        "float32, half the bytes per token: BENCHMARKS.md)")
+        "float32, half the bytes per token: BENCHMARKS.md), int8 (a CPU only: the matrices "
+        "rounded to int8 per row, int8 products with 7-bit inputs; its speed and loss cost in "
+        "BENCHMARKS.md)")
     compile: bool = setting(
         False, "compile the one-token decoding step once (a static cache; "
         "gptkit/compiled_decode.py): the main speed lever on CUDA for few samples; on a CPU it "
@@ -151,8 +153,8 @@ class SampleConfig:
             )
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed={self.seed} must be between 0 and 2**63 - 1")
-        if self.dtype not in ("auto", *DTYPES):
-            raise ValueError(f"dtype={self.dtype!r} must be one of auto, {', '.join(DTYPES)}")
+        if self.dtype not in ("auto", *SAMPLE_DTYPES):
+            raise ValueError(f"dtype={self.dtype!r} must be one of auto, {', '.join(SAMPLE_DTYPES)}")
         if self.stop == "":
             raise ValueError("stop must not be empty (leave it out to generate max_new_tokens)")
         if self.compile and not self.use_cache:
@@ -217,8 +219,11 @@ def write(piece):
 def weights_dtype(model, name, device):
     """The dtype the model is cast to. On a CPU, float16 rounds the weights to float16
     and keeps float32 arithmetic (gptkit/cpu_decode.py): a weight beyond float16's
-    range is refused by name, before anything is printed."""
-    dtype = inference_dtype(name, device)
+    range is refused by name, before anything is printed; int8 rounds the matrices to
+    int8 per row, also kept in float32."""
+    dtype = inference_dtype(name, device)  # int8 off a CPU: refused
+    if name == "int8":
+        cpu_decode.round_to_int8(model)
     if device.type == "cpu" and dtype == torch.float16:
         cpu_decode.round_to_float16(model)
         return torch.float32

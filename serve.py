@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 from gptkit.config import parse_settings, setting
-from gptkit.device import DTYPES, resolve_device
+from gptkit.device import SAMPLE_DTYPES, resolve_device
 from gptkit.errors import run_main
 from gptkit.loading import load_model
 
@@ -56,7 +56,7 @@ class ServeConfig:
     max_body_bytes: int = setting(1_000_000, "the largest request body taken (larger: 413)")
     device: str = setting("auto", "auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps")
     dtype: str = setting("auto", "weights' dtype: auto (bfloat16 on CUDA when supported, else float32), float32, "
-                         "bfloat16, float16 (as sample.py)")
+                         "bfloat16, float16, int8 (as sample.py)")
     compile: bool = setting(False, "compile the one-token decoding step once, as sample.py --compile")
     cpu_decode: bool = setting(True, "on a CPU in float32, each new token's step with NumPy (as sample.py)")
 
@@ -69,8 +69,8 @@ class ServeConfig:
             raise ValueError(f"max_tokens={self.max_tokens} must be 1 or more")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes={self.max_body_bytes} must be at least 1024")
-        if self.dtype not in ("auto", *DTYPES):
-            raise ValueError(f"dtype={self.dtype!r} must be one of auto, {', '.join(DTYPES)}")
+        if self.dtype not in ("auto", *SAMPLE_DTYPES):
+            raise ValueError(f"dtype={self.dtype!r} must be one of auto, {', '.join(SAMPLE_DTYPES)}")
         if self.api_key == "":
             raise ValueError("api_key must not be empty")
         if self.model_name == "":

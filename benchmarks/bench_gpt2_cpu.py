@@ -158,7 +158,7 @@ def measure(args, work):
 
     from benchmarks.bench_sample import measure_floor_rates
     from benchmarks.report import Table
-    from gptkit.cpu_decode import CPUDecoder, has_fp16_gemm, round_to_float16
+    from gptkit.cpu_decode import CPUDecoder, has_fbgemm, round_to_float16, round_to_int8
     from gptkit.interop.hf_gpt2 import export_gpt2
 
     if args.new_tokens < 3:
@@ -170,11 +170,16 @@ def measure(args, work):
     decoder = CPUDecoder(laid_out)
     half = copy.deepcopy(model)
     round_to_float16(half)
-    half_decoder = CPUDecoder(half, float16=True)
-    half_label = f"ours, --dtype float16 ({'fbgemm' if has_fp16_gemm() else 'NumPy'} products, float32 arithmetic)"
+    half_decoder = CPUDecoder(half, weights="float16")
+    half_label = f"ours, --dtype float16 ({'fbgemm' if has_fbgemm() else 'NumPy'} products, float32 arithmetic)"
+    int8 = copy.deepcopy(model)
+    round_to_int8(int8)
+    int8_decoder = CPUDecoder(int8, weights="int8")
+    int8_label = f"ours, --dtype int8 ({'fbgemm int8' if has_fbgemm() else 'NumPy float32'} products)"
     samplers = {"ours, sample.py's CPU step (NumPy)": lambda: ours(laid_out, n, decoder),
                 "ours, PyTorch step (--cpu_decode false)": lambda: ours(model, n),
-                half_label: lambda: ours(half, n, half_decoder)}
+                half_label: lambda: ours(half, n, half_decoder),
+                int8_label: lambda: ours(int8, n, int8_decoder)}
     try:
         import transformers
 

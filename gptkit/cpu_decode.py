@@ -31,6 +31,20 @@ token, the same values as model.py computes with the rounded weights (the prompt
 runs there). Where this PyTorch has no fbgemm (ARM CPUs), the products stay NumPy's
 float32 ones on the rounded weights: the same numbers, not faster.
 
+With `--dtype int8` on a CPU (`round_to_int8`, then `CPUDecoder(model,
+weights="int8")`), every matrix a token's step multiplies by (each block's four
+Linears and the output layer) is rounded to int8 per output row (w = scale * q, q in
+[-127, 127], scale = max |row| / 127), kept in float32, and the products after the
+checked steps are fbgemm's int8 ones (`torch.ops.quantized.linear_dynamic`: the
+packed int8 weight, ~0.26x the float32 bytes, times the input quantized to 7 bits
+per call, int32 sums): the weights are exactly the rounded ones model.py sees, the
+inputs of each product are rounded on top (~1% of a product's size). The checked
+steps run NumPy's float32 products on the same rounded weights, so they check this
+file's formulas against model.py as before; the int8 products themselves are
+tested against float32 in tests/test_cpu_decode.py (top-1 agreement and a logit
+tolerance) and their loss cost is measured by `bench.py gpt2_cpu`. Without fbgemm
+the products stay NumPy's float32 ones on the rounded weights.
+
 A guest of model.py, not a second copy of it: the first CHECKED_STEPS one-token
 steps of every generation run both ways, model.py's forward with the same cache
 first, then this step (whose keys and values then stand, as always), and their
@@ -46,6 +60,7 @@ Anything else (a GPU, bfloat16, torch.compile) runs model.py as it is.
 
 import math
 import sys
+import warnings
 
 import numpy as np
 import torch
@@ -64,8 +79,8 @@ def applies(model, device):
     return device.type == "cpu" and model.lm_head.weight.dtype == torch.float32
 
 
-def has_fp16_gemm():
-    """Whether this PyTorch has fbgemm's float16-weight product (x86 builds)."""
+def has_fbgemm():
+    """Whether this PyTorch has fbgemm's float16- and int8-weight products (x86 builds)."""
     return "fbgemm" in torch.backends.quantized.supported_engines
 
 
@@ -81,6 +96,35 @@ def round_to_float16(model):
                             f"use --dtype float32 or bfloat16")
     for p in model.parameters():
         p.copy_(p.half().float())
+
+
+def int8_linears(model):
+    """The matrices a one-token step multiplies by: each block's four Linears, the output layer."""
+    for block in model.transformer.h:
+        yield from (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
+    yield model.lm_head
+
+
+def int8_scales(weight):
+    """Per output row: max |row| / 127 (1 for a row of zeros, whose q is 0 at any scale)."""
+    scale = weight.abs().amax(dim=1) / 127
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+@torch.no_grad()
+def round_to_int8(model):
+    """Round every matrix of `int8_linears(model)` (float32, in place) to int8 per output
+    row, kept as float32 values (scale * q): the weights `--dtype int8` decodes with on a
+    CPU. A tied embedding is the output layer's weight, so it is rounded too. A
+    non-finite weight has no int8 scale: refused, naming the matrix."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    for linear in int8_linears(model):
+        w = linear.weight
+        if not torch.isfinite(w).all():
+            raise UserError(f"--dtype int8: {names.get(id(w), 'a weight')} holds a non-finite value; "
+                            "use --dtype float32")
+        scale = int8_scales(w)[:, None]
+        w.copy_(torch.round(w / scale).clamp_(-127, 127) * scale)
 
 
 def transposed_in_place(linear):
@@ -151,6 +195,22 @@ def float16_product(linear):
     return lambda x: torch.ops.quantized.linear_dynamic_fp16(torch.from_numpy(x), packed).numpy()
 
 
+def int8_product(linear):
+    """The same product with fbgemm's int8 kernel: the weight (rounded by round_to_int8,
+    so q = w / scale is exact) packed once as int8 with its per-row scales, the input
+    quantized per call to 7 bits (reduce_range: AVX2's 16-bit pair sums cannot overflow)."""
+    w = linear.weight.detach().contiguous()
+    scale = int8_scales(w).double()
+    with warnings.catch_warnings():  # PyTorch 2.13 deprecates quantized tensors (its issue 184982):
+        warnings.simplefilter("ignore", UserWarning)  # tests/test_cpu_decode.py fails where they go
+        q = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+    packed = torch.ops.quantized.linear_prepack(q, detached(linear.bias))
+    return lambda x: torch.ops.quantized.linear_dynamic(torch.from_numpy(x), packed, True).numpy()
+
+
+PRODUCTS = {"float32": numpy_product, "float16": float16_product, "int8": int8_product}
+
+
 class Layer:
     """One block's arrays and matrix products."""
 
@@ -164,23 +224,34 @@ class Layer:
         self.rope = (as_array(attn.rope_cos), as_array(attn.rope_sin)) if attn.rope else None
 
 
+def products(weights):
+    """(the products of the steps after the checked ones, those of the checked ones):
+    weights "float32", "float16" (after round_to_float16) or "int8" (after round_to_int8)."""
+    fast = weights if has_fbgemm() else "float32"  # without fbgemm: float32 on the rounded weights
+    checked = "float32" if fast == "int8" else fast  # int8 inputs are rounded: model.py's would differ
+    return fast, checked
+
+
 class CPUDecoder:
     """What generate_stream runs the model with on a CPU in float32: `new_cache()`
     gives model.py's KVCache, and `decoder(idx, cache)` the logits (B, vocab_size)
     after idx (B, T): one token with NumPy, a prompt (or a shifted window) through
-    model.py, which fills the same cache. float16=True: the products read float16
-    copies of the matrices (after round_to_float16(model): the same values)."""
+    model.py, which fills the same cache. weights="float16": the products read float16
+    copies of the matrices (after round_to_float16(model): the same values); "int8":
+    int8 copies times 7-bit inputs (after round_to_int8(model)), the checked steps
+    running float32 products on the same weights."""
 
-    def __init__(self, model, float16=False, note=None):
+    def __init__(self, model, weights="float32", note=None):
         self.model = model
         self.note = note or (lambda line: print(line, file=sys.stderr))
         self.checks_left = CHECKED_STEPS
         self.differs = None  # why model.py runs instead, once a check failed
         c = model.config
         self.config = c
-        product = float16_product if float16 and has_fp16_gemm() else numpy_product
-        self.layers = [Layer(block, product) for block in model.transformer.h]
-        self.head = product(model.lm_head)  # x (B, C) -> (B, padded vocab)
+        self.products, checked = products(weights)
+        # (layers, head) of the checked steps, then of the later ones (the same where equal)
+        self.checked = self.matrices(model, PRODUCTS[checked])
+        self.fast = self.checked if checked == self.products else self.matrices(model, PRODUCTS[self.products])
         # after the head: a tied embedding is the head's weight, now laid out transposed
         self.wte = as_array(model.transformer.wte.weight)  # (padded vocab, C)
         self.ln_f = norm_arrays(model.transformer.ln_f) if c.norm_placement == "pre" else None
@@ -191,6 +262,11 @@ class CPUDecoder:
             self.positions = as_array(model.sinusoid)
         self.activation = None if c.mlp == "swiglu" else ACTIVATIONS[c.mlp]
 
+    @staticmethod
+    def matrices(model, product):
+        """Every block's Layer and the output layer's product, x (B, C) -> (B, padded vocab)."""
+        return [Layer(block, product) for block in model.transformer.h], product(model.lm_head)
+
     def new_cache(self):
         return KVCache(self.config.n_layer, self.config.block_size)
 
@@ -200,7 +276,7 @@ class CPUDecoder:
             return self.model.next_token_logits(idx, cache)  # model.py fills the cache
         if self.checks_left:
             return self.checked_step(idx, cache)
-        return torch.from_numpy(self.step(idx[:, 0].numpy(), cache))
+        return torch.from_numpy(self.step(idx[:, 0].numpy(), cache, self.fast))
 
     def checked_step(self, idx, cache):
         """One token both ways, model.py's forward first; this step's logits if they agree."""
@@ -208,7 +284,7 @@ class CPUDecoder:
         pos = cache.length
         expected = self.model.next_token_logits(idx, cache)  # writes this token's keys and values
         cache.length = pos
-        logits = torch.from_numpy(self.step(idx[:, 0].numpy(), cache))  # ...and this step, as always
+        logits = torch.from_numpy(self.step(idx[:, 0].numpy(), cache, self.checked))  # ...and this step
         gap = (logits - expected).abs().max().item()
         if gap <= TOLERANCE * max(1.0, expected.abs().max().item()):  # NaN fails too
             return logits
@@ -252,13 +328,15 @@ class CPUDecoder:
             h = self.activation(h)
         return layer.out(h)
 
-    def step(self, tokens, cache):
-        """Logits (B, vocab_size) after one new token per row, tokens (B,)."""
+    def step(self, tokens, cache, matrices):
+        """Logits (B, vocab_size) after one new token per row, tokens (B,), with
+        `matrices` (layers, head) from self.matrices."""
         c, pos = self.config, cache.length
+        layers, head = matrices
         x = self.wte[tokens]  # (B, C)
         if self.positions is not None:
             x = x + self.positions[pos]
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(layers):
             if c.norm_placement == "pre":
                 x = x + self.attend(layer, normalize(x, *layer.ln_1), cache, pos, index)
                 x = x + self.feed_forward(layer, normalize(x, *layer.ln_2))
@@ -268,7 +346,7 @@ class CPUDecoder:
         cache.length += 1
         if self.ln_f is not None:
             x = normalize(x, *self.ln_f)
-        logits = self.head(x)[:, : c.vocab_size]
+        logits = head(x)[:, : c.vocab_size]
         if c.logit_softcap is not None:
             logits = c.logit_softcap * np.tanh(logits / c.logit_softcap)
         return np.ascontiguousarray(logits, dtype=np.float32)

@@ -178,13 +178,21 @@ def uses_cpu_decode(model, cfg, device):
     return not cfg.compile and cfg.cpu_decode and cfg.use_cache and cpu_decode.applies(model, device)
 
 
+def cpu_weights(cfg):
+    """The matrices cpu_decode's products read: float16 or int8 copies as --dtype says, else float32."""
+    return cfg.dtype if cfg.dtype in ("float16", "int8") else "float32"
+
+
 def decode_path(model, cfg, device):
     """What runs each new token, for sample.py's header."""
     if cfg.compile:
         return "decode: model.py's forward through torch.compile (gptkit/compiled_decode.py)"
     if uses_cpu_decode(model, cfg, device):
-        return ("decode: gptkit/cpu_decode.py (NumPy one-token step, checked against model.py on "
-                "the first tokens; --cpu_decode false for model.py's)")
+        fast, _ = cpu_decode.products(cpu_weights(cfg))
+        matrices = {"float32": "", "float16": ", float16 matrices (fbgemm)",
+                    "int8": ", int8 matrices and 7-bit inputs (fbgemm)"}[fast]
+        return (f"decode: gptkit/cpu_decode.py (NumPy one-token step{matrices}, checked against "
+                "model.py on the first tokens; --cpu_decode false for model.py's)")
     return "decode: model.py's forward with its KV cache"
 
 
@@ -201,12 +209,12 @@ def note_once(model):
 
 def make_decoder(model, cfg, device, batch_size=None):
     """What runs each cached step as cfg says: the compiled step (--compile), NumPy on a
-    CPU in float32 (cpu_decode: float16 copies of the matrices for --dtype float16,
-    checked against model.py on the first tokens), else None (model.py's own)."""
+    CPU in float32 (cpu_decode: float16 or int8 copies of the matrices for --dtype
+    float16 or int8, checked against model.py on the first tokens), else None (model.py's own)."""
     if cfg.compile:
         return CompiledDecoder(model, batch_size or cfg.num_samples)
     if uses_cpu_decode(model, cfg, device):
-        return cpu_decode.CPUDecoder(model, float16=cfg.dtype == "float16", note=note_once(model))
+        return cpu_decode.CPUDecoder(model, weights=cpu_weights(cfg), note=note_once(model))
     return None
 
 
