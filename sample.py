@@ -154,7 +154,8 @@ class SampleConfig:
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed={self.seed} must be between 0 and 2**63 - 1")
         if self.dtype not in ("auto", *SAMPLE_DTYPES):
-            raise ValueError(f"dtype={self.dtype!r} must be one of auto, {', '.join(SAMPLE_DTYPES)}")
+            choices = ", ".join(SAMPLE_DTYPES)
+            raise ValueError(f"dtype={self.dtype!r} must be one of auto, {choices}")
         if self.stop == "":
             raise ValueError("stop must not be empty (leave it out to generate max_new_tokens)")
         if self.compile and not self.use_cache:

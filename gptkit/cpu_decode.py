@@ -201,7 +201,7 @@ def int8_product(linear):
     quantized per call to 7 bits (reduce_range: AVX2's 16-bit pair sums cannot overflow)."""
     w = linear.weight.detach().contiguous()
     scale = int8_scales(w).double()
-    with warnings.catch_warnings():  # PyTorch 2.13 deprecates quantized tensors (its issue 184982):
+    with warnings.catch_warnings():  # PyTorch 2.13 deprecates quantized tensors:
         warnings.simplefilter("ignore", UserWarning)  # tests/test_cpu_decode.py fails where they go
         q = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
     packed = torch.ops.quantized.linear_prepack(q, detached(linear.bias))
