@@ -94,9 +94,9 @@ class TrainConfig:
                              "rest)")
     learning_rate: float = setting(6e-4, "peak AdamW learning rate")
     max_iters: int = setting(600000, "total optimizer steps")
-    time_budget: float = setting(0.0, "train for this many seconds instead (0 = off; max_iters "
-                                 "still caps it): CPU seconds of training steps on a CPU, wall "
-                                 "seconds on a GPU; the schedule's decay follows the share spent")
+    time_budget: float = setting(0.0, "or end when this many seconds are spent (0 = off): CPU "
+                                 "seconds of training steps on a CPU, wall seconds on a GPU; the "
+                                 "decay follows the share of max_iters or budget further along")
     weight_decay: float = setting(0.1, "AdamW weight decay, on matrices only")
     beta1: float = setting(0.9, "AdamW beta1")
     beta2: float = setting(0.95, "AdamW beta2")
@@ -397,7 +397,7 @@ def run(model_cfg, cfg, dist, start_time):
         print("\n".join(setup.header(recorded, raw_model, dist, dev, cfg)))
     if write and cfg.init_from == "resume":
         logger.trim_metrics(out_dir / "metrics.jsonl", state.iter_num)
-    schedule = optim.Schedule(cfg, dev.type)  # to max_iters, or until the time_budget is spent
+    schedule = optim.Schedule(cfg, dev.type)  # to max_iters, or the time_budget if spent first
     log = logger.Logger(cfg, state, recorded, dist.is_main, schedule, write_files=write,
                         tokens_per_iter=batches.tokens_per_step(),
                         mfu=logger.mfu_meter(model_cfg, dist.world_size, dev.name, dist.is_main))

@@ -61,8 +61,8 @@ def lr_at(step, cfg):
 class Schedule:
     """Where the run stands on its schedule: it ends after max_iters steps or, with a
     time_budget, once that many seconds of training steps are spent (evaluations,
-    saves and start-up left out), the learning rate's decay then following the share
-    spent. The clock is the run's own, saved in every checkpoint (RunState): on a CPU
+    saves and start-up left out) if that comes first, the learning rate's decay then
+    following whichever share is further along. The clock is the run's own, saved in every checkpoint (RunState): on a CPU
     its CPU seconds (train_cpu_s: a fixed CPU budget, unmoved by other processes), on
     a GPU the wall seconds inside steps (train_time_s)."""
 
@@ -73,9 +73,13 @@ class Schedule:
         return state.train_cpu_s if self.cpu else state.train_time_s
 
     def progress(self, state):
-        """The share of the time budget spent (0 to 1), or None without one."""
+        """The share of the run done (0 to 1), or None without a time budget: the share of
+        the budget spent or of max_iters taken, whichever is further along (a fast machine
+        stops at max_iters with its decay done; a slow one when the budget is spent)."""
         budget = self.cfg.time_budget
-        return min(1.0, self.spent_s(state) / budget) if budget else None
+        if not budget:
+            return None
+        return min(1.0, max(self.spent_s(state) / budget, state.iter_num / max(self.cfg.max_iters, 1)))
 
     def finished(self, state):
         """max_iters steps taken, or the time budget spent."""
@@ -85,13 +89,13 @@ class Schedule:
         return lr_scale(state.iter_num, self.cfg, self.progress(state))
 
     def eta_s(self, state, seconds_per_iter):
-        """Seconds left after step state.iter_num: by the budget's clock, or seconds_per_iter
-        for each step left."""
-        if self.cfg.time_budget:
-            return max(0.0, self.cfg.time_budget - self.spent_s(state))
-        if seconds_per_iter is None:
-            return None
-        return seconds_per_iter * max(0, self.cfg.max_iters - state.iter_num - 1)
+        """Seconds left after step state.iter_num: seconds_per_iter for each step left, or
+        the budget's clock if that ends first."""
+        steps = None if seconds_per_iter is None else seconds_per_iter * max(0, self.cfg.max_iters - state.iter_num - 1)
+        if not self.cfg.time_budget:
+            return steps
+        clock = max(0.0, self.cfg.time_budget - self.spent_s(state))
+        return clock if steps is None else min(clock, steps)
 
 
 def schedule_warnings(cfg):
