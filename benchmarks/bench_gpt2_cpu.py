@@ -11,11 +11,18 @@ transformers' `generate` with its KV cache on the same weights exported by
 `convert.py --to hf`'s code (in fp32, and cast to float16 and bfloat16), and
 llama.cpp (llama-cpp-python, requirements-gguf.txt) on our own `--to gguf` exports
 in f32 and q8_0. All greedy,
-the same prompt, in this process at one thread (torch.set_num_threads(1), llama.cpp
-n_threads=1), the samplers alternating A B C ... and the best of --repeats kept.
+the same prompt, in this process at one thread (OMP_NUM_THREADS=1, set by re-running itself where
+it is not: torch, NumPy's BLAS and fbgemm; llama.cpp n_threads=1), the samplers alternating A B C ... and the best of --repeats kept.
 Per token: the CPU seconds (process_time) between the first new token and the last
 over (n - 1), so the prompt and start-up cancel. The floor: every weight read once
 per token at this thread's measured read bandwidth.
+The int8 path's cost (a second table): the validation text scored through the
+decode step itself, one token at a time from a fresh cache in windows (float32
+weights against --dtype int8's), on GPT-2's shape (these random weights, the
+text in GPT-2 tokens) and on the quick-start model (--quick_start, default
+out-shakespeare's checkpoint, when present): mean loss, its rise, the share of
+positions whose top token is float32's, and the largest logit gap over the
+largest logit.
 With --profile, a torch profile of model.py's PyTorch step (printed) says where its time goes.
 """
 
@@ -37,6 +44,10 @@ def add_arguments(parser):
     parser.add_argument("--no_llama_cpp", action="store_true", help="leave llama.cpp out")
     parser.add_argument("--profile", action="store_true", help="also profile our fp32 decoding (top operators)")
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--quick_start", default="out-shakespeare",
+                        help="a run folder of the quick start (configs/shakespeare.py) whose int8 cost is measured too")
+    parser.add_argument("--cost_windows", type=int, default=16, help="validation windows scored per model (default 16)")
+    parser.add_argument("--no_cost", action="store_true", help="leave the int8 cost table out")
 
 
 class Stamps:
@@ -138,6 +149,78 @@ def build(work, seed):
     return model, run
 
 
+@torch.inference_mode()
+def decode_scores(model, decoder, windows):
+    """(mean loss, argmax, logits) of windows (B, L + 1) scored through decoder one token at a time."""
+    cache = decoder.new_cache()
+    logits = [decoder(windows[:, :1], cache)]
+    for t in range(1, windows.size(1) - 1):
+        logits.append(decoder(windows[:, t : t + 1], cache))
+    logits = torch.stack(logits, 1)  # (B, L, vocab)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
+    return loss.item(), logits.argmax(-1), logits
+
+
+def int8_cost(label, model, windows):
+    """One row: float32 against int8 weights on the same windows, through the decode step."""
+    import copy
+
+    from gptkit.cpu_decode import CPUDecoder, round_to_int8
+
+    full, int8 = copy.deepcopy(model), copy.deepcopy(model)
+    round_to_int8(int8)
+    loss32, top32, logits32 = decode_scores(full, CPUDecoder(full), windows)
+    loss8, top8, logits8 = decode_scores(int8, CPUDecoder(int8, weights="int8"), windows)
+    gap = ((logits8 - logits32).abs().max() / logits32.abs().max()).item()
+    return [label, windows.numel() - windows.size(0), round(loss32, 4), round(loss8, 4), f"{loss8 - loss32:+.4f}",
+            f"{100 * (top8 == top32).float().mean().item():.1f}%", f"{100 * gap:.2f}%"]
+
+
+def val_windows(tokens, count, length, seed):
+    """count windows of length + 1 tokens at random places of the 1-D tensor `tokens`."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(tokens) - length - 1, (count,), generator=g)
+    return torch.stack([tokens[s : s + length + 1] for s in starts.tolist()])
+
+
+def cost_table(args, gpt2_model, Table):
+    """The int8 cost on the quick-start model (when its run folder is there) and GPT-2's shape."""
+    import json
+
+    import numpy as np
+
+    from gptkit.loading import load_model
+    from gptkit.tokenizer import GPT2Tokenizer, tokenizer_from_dict
+
+    table = Table("--dtype int8's cost: the validation text through the decode step, float32 against int8 weights",
+                  ["model", "tokens scored", "float32 loss", "int8 loss", "rise", "top-1 as float32", "largest logit gap"],
+                  note="Windows at random places of the quick-start data's val split (data/shakespeare_char), "
+                  f"{args.cost_windows} per model, each scored token by token from a fresh cache (gptkit/cpu_decode.py, "
+                  "float32 weights against round_to_int8's with int8 products). GPT-2's shape: the random weights "
+                  "above, the same text in GPT-2 tokens (its loss is near ln 50257: the rise measures the rounding, "
+                  "not a trained model's loss). Logit gap: the largest |int8 - float32| over the largest |float32| logit.")
+    val = Path("data/shakespeare_char/val.bin")
+    if not val.is_file():
+        print("[gpt2_cpu] data/shakespeare_char is not prepared (python prepare.py shakespeare_char): "
+              "the int8 cost table is left out", file=sys.stderr)
+        return None
+    meta = json.loads((val.parent / "meta.json").read_text())
+    ids = np.fromfile(val, dtype=meta["dtype"]).astype(np.int64)
+    text = tokenizer_from_dict(meta["tokenizer"]).decode(ids.tolist())
+    run = Path(args.quick_start)
+    if (run / "best.pt").is_file() or (run / "ckpt.pt").is_file():
+        model, _, _ = load_model("resume", str(run))
+        table.add_row(*int8_cost(f"quick start ({run}/)", model, val_windows(torch.from_numpy(ids), args.cost_windows,
+                                                                          model.config.block_size, args.seed)))
+    else:
+        print(f"[gpt2_cpu] no checkpoint in {run}/ (python train.py configs/shakespeare.py): its row is left out",
+              file=sys.stderr)
+    gpt2_ids = torch.tensor(GPT2Tokenizer().encode(text))
+    table.add_row(*int8_cost("GPT-2 124M's shape (random weights)", gpt2_model,
+                             val_windows(gpt2_ids, args.cost_windows, 128, args.seed)))
+    return table
+
+
 def profile_ours(model, n, top=8):
     from torch.profiler import ProfilerActivity, profile
 
@@ -149,6 +232,9 @@ def profile_ours(model, n, top=8):
 
 
 def run(args):
+    from benchmarks.one_thread import in_one_thread
+
+    in_one_thread("gpt2_cpu")
     with tempfile.TemporaryDirectory(prefix="bench-gpt2-") as work:  # 1.6 GB of exports, removed after
         return measure(args, Path(work))
 
@@ -232,6 +318,9 @@ def measure(args, work):
         vs_hf = f"{best[hf_label][0] / cpu:.2f}x" if hf_label else "—"
         table.add_row(label, round(1000 * cpu, 2), round(1000 * wall, 2), round(1 / cpu, 1), vs_hf, f"{base / cpu:.2f}x")
     tables = [table]
+    if not args.no_cost:
+        cost = cost_table(args, model, Table)
+        tables += [cost] if cost is not None else []
     if args.profile:  # printed, not logged: the summary goes into BENCHMARKS.md in words
         profile_ours(model, min(n, 40))
     return tables

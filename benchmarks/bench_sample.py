@@ -343,6 +343,9 @@ def one_thread_tables_in(args, work):
         commands["ours, exact (--shift_context false)"] = (REPO, ours + ["--shift_context", "false"], "--max_new_tokens={}")
     commands["ours, default (KV cache + shift_context)"] = (REPO, ours, "--max_new_tokens={}")
     commands["ours, PyTorch step (--cpu_decode false)"] = (REPO, ours + ["--cpu_decode", "false"], "--max_new_tokens={}")
+    for dtype in ("float16", "int8"):  # fewer bytes a token: float16 or int8 copies of the matrices
+        weights = [dtype if arg == "float32" else arg for arg in ours]
+        commands[f"ours, --dtype {dtype}"] = (REPO, weights, "--max_new_tokens={}")
     # compiled: its 1-token run pays the compile, so the difference of the two cancels it (reported apart)
     commands["ours, --compile"] = (REPO, ours + ["--compile", "true"], "--max_new_tokens={}")
     cpu = {label: {n: [], 1: []} for label in commands}

@@ -38,6 +38,19 @@ def one_thread_env():
     return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 
+def in_one_thread(suite):
+    """Run this bench.py suite at one thread: NumPy's BLAS takes its thread count from
+    OMP_NUM_THREADS at import, so a `python bench.py SUITE` without it runs again with it.
+    Called in-process (a test), torch alone is set to one thread."""
+    import torch
+
+    if os.environ.get("OMP_NUM_THREADS") != "1" and Path(sys.argv[0]).name == "bench.py":
+        print(f"[{suite}] running again with OMP_NUM_THREADS=1 (NumPy's BLAS would use every core)",
+              file=sys.stderr, flush=True)
+        os.execve(sys.executable, [sys.executable, *sys.argv], one_thread_env())
+    torch.set_num_threads(1)
+
+
 def children_cpu_seconds():
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime

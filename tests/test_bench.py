@@ -26,3 +26,15 @@ def test_the_serve_suite_runs_at_a_tiny_size():
     for row in table.rows:
         assert float(row[5].replace(",", "")) > 0 and row[6] == "8"  # the turn tokens' rows zeroed: greedy replies never end early
         assert row[1] != "serve.py" or float(row[3]) > 0
+
+
+def test_the_chat_step_suite_times_each_share_against_every_position_scored():
+    import argparse
+
+    from benchmarks import bench_chat_step
+
+    parser = argparse.ArgumentParser()
+    bench_chat_step.add_arguments(parser)
+    (table,) = bench_chat_step.run(parser.parse_args(["--shares", "0.25", "--steps", "1", "--block_size", "16"]))
+    assert [row[0] for row in table.rows] == ["25%", "100%"] and table.rows[1][1] == "16"
+    assert 0 < int(table.rows[0][1]) < 16 and table.rows[1][3] == "1.00x"
