@@ -55,6 +55,9 @@ class GPTConfig:
     n_embd: int = setting(768, "width of the residual stream")
     dropout: float = setting(0.0, "dropout probability (0 for pretraining, ~0.1-0.2 when "
                                   "finetuning)")
+    attn_dropout: bool = setting(True, "dropout on the attention weights too, as GPT-2 (False: "
+                                       "on the residual branches only; on a CPU the fused "
+                                       "attention kernel then still runs)")
     bias: bool = setting(True, "biases in Linear layers and norms, as GPT-2 (False is slightly "
                                "faster)")
     pos_encoding: str = setting("learned", "position information: learned | sinusoidal | rope | "
@@ -284,7 +287,7 @@ class CausalSelfAttention(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)  # (block_size, D/2)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.reference = config.attention == "reference"
-        self.dropout = config.dropout
+        self.dropout = config.dropout if config.attn_dropout else 0.0  # on the attention weights
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def qkv(self, x, start=0):

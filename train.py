@@ -107,6 +107,8 @@ class TrainConfig:
     muon_nesterov: bool = setting(True, "Nesterov momentum in Muon")
     muon_ns_steps: int = setting(5, "Newton-Schulz iterations per Muon update (fewer are cheaper "
                                  "and rougher)")
+    muon_weight_decay: float = setting(0.0, "decoupled weight decay of Muon's matrices, "
+                                       "p <- p * (1 - lr * decay)")
     # LoRA (docs/lora.md): train small adapters beside a frozen base instead of every weight
     lora_rank: int = setting(0, "rank R of the LoRA adapters (init_from gpt2, a Hugging Face "
                              "folder or a checkpoint file); 0 = off, train every weight")

@@ -12,9 +12,10 @@ split of the run's best checkpoint, in consecutive block_size windows (for ours
 the config's own final evaluation, which is exactly that; for nanoGPT its
 ckpt.pt, the best by its own 20-batch estimate, scored here afterwards).
 
-Ours at budget B: max_iters and eval_interval scaled by B/1200 and the config's
-time_budget, if it has one, less 1200 - B (the reserve it keeps for its evaluations):
-the run ends at whichever comes first, its decay following it. nanoGPT at budget B: its config/train_shakespeare_char.py with its
+Ours at budget B: eval_interval scaled by B/1200 and the config's time_budget less
+1200 - B (the reserve it keeps for its evaluations), its max_iters kept: the run ends
+at whichever comes first, its decay following it; a config without a time_budget has
+its max_iters scaled by B/1200 instead. nanoGPT at budget B: its config/train_shakespeare_char.py with its
 README's CPU overrides (4x4x128, block 64, batch 12, no dropout: the baby GPT itself
 takes ~20 CPU s a step here, ~60 steps in 1200 s), max_iters = lr_decay_iters scaled to
 fill the budget at the rate --nanogpt_iters_per_1200 says.
@@ -89,22 +90,28 @@ def setting_of(overrides, name, default, kind=int):
     return default
 
 
+def scaled_overrides(config, overrides, budget):
+    """A candidate's overrides (meant for 1200 s) at `budget`: eval_interval scaled and
+    the time_budget less the same reserve, max_iters kept (the most steps worth taking:
+    the run ends at whichever comes first); without a time_budget, max_iters scaled."""
+    time_budget = setting_of(overrides, "time_budget", config_setting(config, "time_budget", 0), float)
+    every = scaled(setting_of(overrides, "eval_interval", config_setting(config, "eval_interval")), budget)
+    iters = setting_of(overrides, "max_iters", config_setting(config, "max_iters"))
+    scaled_names = ("--max_iters=", "--eval_interval=", "--time_budget=")
+    out = [a for a in overrides if not a.startswith(scaled_names)]
+    if time_budget:
+        return out + [f"--max_iters={iters}", f"--eval_interval={every}",
+                      f"--time_budget={time_budget - (FULL_BUDGET - budget):g}"]
+    return out + [f"--max_iters={scaled(iters, budget)}", f"--eval_interval={every}"]
+
+
 def ours(args, label, overrides, budget, work):
-    """The config at `budget`: max_iters scaled by budget / 1200 and, with a time_budget,
-    that budget less the same reserve the config keeps from 1200 s (its evaluations)."""
+    """The config at `budget` (scaled_overrides)."""
     from benchmarks.bench_speedrun import read_metrics
 
-    time_budget = setting_of(overrides, "time_budget", config_setting(args.config, "time_budget", 0), float)
-    every = scaled(setting_of(overrides, "eval_interval", config_setting(args.config, "eval_interval")), budget)
     out = work / f"ours-{budget}-{len(list(work.iterdir()))}"
     data = out.with_name(out.name + "-data")  # prepared inside the budget
-    scaled_names = ("--max_iters=", "--eval_interval=", "--time_budget=")
-    overrides = [a for a in overrides if not a.startswith(scaled_names)]  # scaled here
-    iters = scaled(setting_of(overrides, "max_iters", config_setting(args.config, "max_iters")), budget)
-    overrides.append(f"--max_iters={iters}")
-    if time_budget:  # whichever ends first
-        overrides.append(f"--time_budget={time_budget - (FULL_BUDGET - budget):g}")
-    command = [sys.executable, "train.py", args.config, *overrides, f"--eval_interval={every}",
+    command = [sys.executable, "train.py", args.config, *scaled_overrides(args.config, overrides, budget),
                f"--out_dir={out}", f"--data_dir={data}", "--device=cpu", "--progress_bar=false"]
     r = one_thread.run_one_thread(command, REPO, out.with_suffix(".log"))
     records = read_metrics(out / "metrics.jsonl")

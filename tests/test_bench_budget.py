@@ -26,6 +26,18 @@ def test_iterations_scale_with_the_budget_and_overrides_win():
     assert bench_budget.config_setting(bench_budget.CONFIG, "max_iters") > 0
 
 
+def test_a_budget_candidates_own_steps_and_clock_are_scaled_not_replaced_by_the_configs():
+    config = bench_budget.CONFIG
+    iters, every, clock = (bench_budget.config_setting(config, n) for n in ("max_iters", "eval_interval", "time_budget"))
+    assert bench_budget.scaled_overrides(config, [], 1200) == [
+        f"--max_iters={iters}", f"--eval_interval={every}", f"--time_budget={clock:g}"]
+    candidate = ["--dropout=0.1", "--max_iters=4600", "--time_budget=1100"]  # max_iters: a cap, kept
+    assert bench_budget.scaled_overrides(config, candidate, 300) == [
+        "--dropout=0.1", "--max_iters=4600", f"--eval_interval={bench_budget.scaled(every, 300)}", "--time_budget=200"]
+    steps = ["--time_budget=0", "--max_iters=1000"]  # no clock: the steps scale
+    assert bench_budget.scaled_overrides(config, steps, 300) == ["--max_iters=250", f"--eval_interval={bench_budget.scaled(every, 300)}"]
+
+
 def test_every_run_is_a_row_in_the_log_as_it_ends(tmp_path):
     log = tmp_path / "LOG.md"
     args = argparse.Namespace(log_path=log, log_header=["### now — `python bench.py budget`", ""])

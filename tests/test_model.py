@@ -329,3 +329,23 @@ def test_training_steps_lower_the_loss():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_attn_dropout_false_drops_out_the_residual_branch_only():
+    import torch.nn.functional as F
+
+    config = GPTConfig(block_size=16, vocab_size=32, n_layer=1, n_head=2, n_embd=16, bias=False, dropout=0.5,
+                       attn_dropout=False)
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(config).train()
+    x = torch.randn(2, 8, 16)
+    q, k, v = attn.qkv(x)
+    torch.manual_seed(1)
+    y = attn(x)
+    torch.manual_seed(1)  # the same draw: the only dropout is the one after c_proj
+    expected = F.dropout(attn.c_proj(reference_attention(q, k, v).transpose(1, 2).reshape(2, 8, 16)), 0.5)
+    assert torch.allclose(y, expected, atol=1e-6) and (y == 0).float().mean() > 0.3
+    both = CausalSelfAttention(GPTConfig(**{**vars(config), "attn_dropout": True})).train()
+    both.load_state_dict(attn.state_dict())
+    torch.manual_seed(1)
+    assert not torch.allclose(both(x), expected, atol=1e-3)  # GPT-2's: the attention weights drop out too

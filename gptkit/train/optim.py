@@ -154,7 +154,8 @@ def make_optimizers(model, cfg, device_type):
                 lr=cfg.muon_lr,
                 momentum=cfg.muon_momentum,
                 nesterov=cfg.muon_nesterov,
-                **({"ns_steps": cfg.muon_ns_steps} if hasattr(cfg, "muon_ns_steps") else {}),  # older saved settings: Muon's default
+                ns_steps=getattr(cfg, "muon_ns_steps", 5),  # older saved settings: Muon's defaults
+                weight_decay=getattr(cfg, "muon_weight_decay", 0.0),
             )
         )
     for opt in optimizers:

@@ -49,7 +49,7 @@ def check(cfg):
     for name in ("eval_iters", "max_iters", "warmup_iters", "lr_decay_iters"):
         if getattr(cfg, name) < 0:
             problems.append(f"{name}={getattr(cfg, name)} must not be negative")
-    for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "muon_lr"):
+    for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "muon_lr", "muon_weight_decay"):
         value = getattr(cfg, name)
         if not math.isfinite(value) or value < 0:
             problems.append(f"{name}={value} must be a finite number, not negative")

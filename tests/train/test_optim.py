@@ -68,6 +68,14 @@ def test_muon_and_adamw_cover_every_parameter_once_and_follow_the_schedule():
     assert adamw.param_groups[0]["lr"] == pytest.approx(5e-4) and muon.param_groups[0]["lr"] == pytest.approx(0.01)
 
 
+def test_muons_weight_decay_is_its_own_setting_and_adamws_stays_on_the_embeddings():
+    model = tiny_model()
+    adamw, muon = optim.make_optimizers(model, cfg(optimizer="muon", muon_weight_decay=0.2), "cpu")
+    assert [g["weight_decay"] for g in muon.param_groups] == [0.2] and adamw.param_groups[0]["weight_decay"] == 0.1
+    _, muon = optim.make_optimizers(model, cfg(optimizer="muon"), "cpu")  # settings saved before it: none
+    assert [g["weight_decay"] for g in muon.param_groups] == [0.0]
+
+
 def test_grad_scaler_only_for_float16():
     assert not optim.make_scaler(torch.float32, "cpu").is_enabled()
     assert not optim.make_scaler(torch.bfloat16, "cpu").is_enabled()
