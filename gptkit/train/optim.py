@@ -62,9 +62,10 @@ class Schedule:
     """Where the run stands on its schedule: it ends after max_iters steps or, with a
     time_budget, once that many seconds of training steps are spent (evaluations,
     saves and start-up left out) if that comes first, the learning rate's decay then
-    following whichever share is further along. The clock is the run's own, saved in every checkpoint (RunState): on a CPU
-    its CPU seconds (train_cpu_s: a fixed CPU budget, unmoved by other processes), on
-    a GPU the wall seconds inside steps (train_time_s)."""
+    following whichever share is further along. The clock is the run's own, saved in
+    every checkpoint (RunState): on a CPU its CPU seconds (train_cpu_s: a fixed CPU
+    budget, unmoved by other processes), on a GPU the wall seconds inside steps
+    (train_time_s)."""
 
     def __init__(self, cfg, device_type):
         self.cfg, self.cpu = cfg, device_type == "cpu"
@@ -91,7 +92,8 @@ class Schedule:
     def eta_s(self, state, seconds_per_iter):
         """Seconds left after step state.iter_num: seconds_per_iter for each step left, or
         the budget's clock if that ends first."""
-        steps = None if seconds_per_iter is None else seconds_per_iter * max(0, self.cfg.max_iters - state.iter_num - 1)
+        steps_left = max(0, self.cfg.max_iters - state.iter_num - 1)
+        steps = None if seconds_per_iter is None else seconds_per_iter * steps_left
         if not self.cfg.time_budget:
             return steps
         clock = max(0.0, self.cfg.time_budget - self.spent_s(state))

@@ -56,6 +56,9 @@ def check(cfg):
     if not math.isfinite(cfg.time_budget) or cfg.time_budget < 0:
         problems.append(f"time_budget={cfg.time_budget} must be a finite number of seconds, not negative "
                         "(0 = off)")
+    if cfg.muon_weight_decay > 0 and cfg.optimizer != "muon":
+        problems.append(f"muon_weight_decay={cfg.muon_weight_decay} decays Muon's matrices, but "
+                        f"optimizer={cfg.optimizer}: set weight_decay (AdamW's) instead")
     for name in ("beta1", "beta2", "muon_momentum"):
         if not 0 <= getattr(cfg, name) < 1:
             problems.append(f"{name}={getattr(cfg, name)} must be in [0, 1)")

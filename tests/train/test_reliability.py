@@ -130,6 +130,7 @@ def test_a_run_refused_at_start_leaves_no_out_dir(tmp_path):
         ({"learning_rate": "inf"}, "learning_rate=inf must be a finite number"),
         ({"muon_lr": "nan"}, "muon_lr=nan must be a finite number"),
         ({"muon_weight_decay": "-0.1"}, "muon_weight_decay=-0.1 must be a finite number"),
+        ({"optimizer": "adamw", "muon_weight_decay": "0.05"}, "muon_weight_decay=0.05 decays Muon's matrices, but optimizer=adamw"),
         ({"weight_decay": "-1"}, "weight_decay=-1.0 must be a finite number, not negative"),
         ({"beta1": "1.5"}, r"beta1=1.5 must be in \[0, 1\)"),
         ({"beta2": "1"}, r"beta2=1.0 must be in \[0, 1\)"),
