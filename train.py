@@ -109,6 +109,10 @@ class TrainConfig:
                                  "and rougher)")
     muon_weight_decay: float = setting(0.0, "decoupled weight decay of Muon's matrices, "
                                        "p <- p * (1 - lr * decay)")
+    muon_cautious_wd: bool = setting(False, "decay only the entries Muon's update also moves "
+                                     "toward zero (cautious weight decay)")
+    muon_normuon: bool = setting(False, "NorMuon: each neuron's update divided by its running RMS, "
+                                 "rescaled to Muon's norm")
     # LoRA (docs/lora.md): train small adapters beside a frozen base instead of every weight
     lora_rank: int = setting(0, "rank R of the LoRA adapters (init_from gpt2, a Hugging Face "
                              "folder or a checkpoint file); 0 = off, train every weight")

@@ -91,9 +91,14 @@ class Muon(torch.optim.Optimizer):
     lr: step size of the orthogonalised update (0.02, Keller Jordan's Muon).
     momentum: 0.95 (same source); nesterov: look ahead along the momentum.
     weight_decay: decoupled, as in AdamW: p ← p·(1 − lr·weight_decay).
+    cautious_wd: decay only the entries this step's update also moves toward zero
+        (cautious weight decay, Chen et al. 2025; nanochat's Muon).
+    normuon: divide each output neuron's (row's) update by its running RMS, then
+        rescale the whole to the orthogonalised update's norm (NorMuon, Li et al. 2025).
     """
 
-    def __init__(self, params, lr=0.02, momentum=0.95, nesterov=True, ns_steps=5, weight_decay=0.0):
+    def __init__(self, params, lr=0.02, momentum=0.95, nesterov=True, ns_steps=5, weight_decay=0.0,
+                 cautious_wd=False, normuon=False):
         if not lr >= 0.0:
             raise ValueError(f"Muon lr must be >= 0, got {lr}")
         if not 0.0 <= momentum < 1.0:
@@ -103,7 +108,8 @@ class Muon(torch.optim.Optimizer):
         if not weight_decay >= 0.0:
             raise ValueError(f"Muon weight_decay must be >= 0, got {weight_decay}")
         defaults = dict(
-            lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay
+            lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
+            cautious_wd=cautious_wd, normuon=normuon,
         )
         super().__init__(params, defaults)
 
@@ -145,15 +151,41 @@ class Muon(torch.optim.Optimizer):
                 # Nesterov: step along (1 - beta)·g + beta·buf, a look-ahead.
                 direction = g.lerp(buf, beta) if group["nesterov"] else buf
                 update = orthogonalize_whole(direction, steps=group["ns_steps"])
+                if group.get("normuon"):  # .get: state saved before the setting existed
+                    update = normalize_neurons(update, state)
                 # Scale by sqrt(max(1, rows/cols)) so tall matrices (e.g. the
                 # MLP's c_fc, 4C x C) get an update whose per-element size
                 # matches a square one's (Keller Jordan's Muon, muon_update).
                 rows, cols = p.shape
                 scale = max(1.0, rows / cols) ** 0.5
-                if group["weight_decay"] > 0:
+                if group["weight_decay"] > 0 and group.get("cautious_wd"):
+                    # Only where update and weight share a sign: there the step
+                    # itself pulls the weight toward zero, and the decay agrees.
+                    p.sub_(p * (update * p > 0), alpha=lr * group["weight_decay"])
+                elif group["weight_decay"] > 0:
                     p.mul_(1 - lr * group["weight_decay"])
                 p.add_(update, alpha=-lr * scale)
         return loss
+
+
+# NorMuon's running average of each neuron's squared update (its beta2, the paper's).
+NORMUON_BETA = 0.95
+
+
+def normalize_neurons(update, state):
+    """NorMuon's step on an orthogonalised update (rows = output neurons).
+
+    Orthogonalising makes every direction move alike, but some rows (neurons) can
+    still get much larger updates than others; dividing each row by its running
+    RMS evens them out, as Adam does per entry. The result is rescaled to the
+    orthogonalised update's Frobenius norm, so muon_lr keeps its meaning."""
+    row_mean_sq = update.square().mean(dim=1, keepdim=True)  # (rows, 1)
+    if "neuron_second_moment" not in state:
+        state["neuron_second_moment"] = torch.zeros_like(row_mean_sq)
+    v = state["neuron_second_moment"]
+    v.lerp_(row_mean_sq, 1 - NORMUON_BETA)
+    normed = update / (v.sqrt() + NS_EPS)
+    return normed * (update.norm() / (normed.norm() + NS_EPS))
 
 
 BLOCK_PREFIX = "transformer.h."

@@ -158,6 +158,8 @@ def make_optimizers(model, cfg, device_type):
                 nesterov=cfg.muon_nesterov,
                 ns_steps=getattr(cfg, "muon_ns_steps", 5),  # older saved settings: Muon's defaults
                 weight_decay=getattr(cfg, "muon_weight_decay", 0.0),
+                cautious_wd=getattr(cfg, "muon_cautious_wd", False),
+                normuon=getattr(cfg, "muon_normuon", False),
             )
         )
     for opt in optimizers:

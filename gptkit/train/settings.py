@@ -59,6 +59,12 @@ def check(cfg):
     if cfg.muon_weight_decay > 0 and cfg.optimizer != "muon":
         problems.append(f"muon_weight_decay={cfg.muon_weight_decay} decays Muon's matrices, but "
                         f"optimizer={cfg.optimizer}: set weight_decay (AdamW's) instead")
+    for name in ("muon_cautious_wd", "muon_normuon"):
+        if getattr(cfg, name) and cfg.optimizer != "muon":
+            problems.append(f"{name}=true changes Muon's step, but optimizer={cfg.optimizer}")
+    if cfg.muon_cautious_wd and cfg.muon_weight_decay == 0:
+        problems.append("muon_cautious_wd=true chooses where Muon's weight decay acts, but "
+                        "muon_weight_decay=0: set one above 0")
     for name in ("beta1", "beta2", "muon_momentum"):
         if not 0 <= getattr(cfg, name) < 1:
             problems.append(f"{name}={getattr(cfg, name)} must be in [0, 1)")

@@ -82,6 +82,41 @@ def test_weight_decay_is_decoupled():
     assert torch.allclose(p.detach(), torch.full((4, 4), 1 - 0.1 * 0.5))
 
 
+def test_cautious_weight_decay_acts_only_where_the_update_pulls_toward_zero():
+    torch.manual_seed(0)
+    w, g = torch.randn(6, 6), torch.randn(6, 6)
+    p = torch.nn.Parameter(w.clone())
+    p.grad = g.clone()
+    Muon([p], lr=0.1, momentum=0.0, nesterov=False, weight_decay=0.5, cautious_wd=True).step()
+    update = orthogonalize(g)  # momentum 0: the step is lr times the orthogonalised gradient
+    agree = (update * w) > 0  # the update itself moves these entries toward zero
+    assert 0 < agree.sum() < agree.numel()  # both kinds of entry are present
+    expected = torch.where(agree, w * (1 - 0.1 * 0.5), w) - 0.1 * update
+    assert torch.allclose(p.detach(), expected, atol=1e-6)
+
+
+def test_normuon_evens_out_the_neurons_and_keeps_muons_step_size():
+    from gptkit.train.muon import normalize_neurons
+
+    torch.manual_seed(0)
+    update = orthogonalize(torch.randn(16, 8)) * torch.linspace(0.2, 3.0, 16)[:, None]  # uneven rows
+    state = {}
+    normed = normalize_neurons(update, state)
+    row_rms = normed.square().mean(dim=1).sqrt()
+    assert torch.allclose(row_rms, row_rms.mean().expand(16), rtol=1e-4)  # first step: every row alike
+    assert normed.norm().item() == pytest.approx(update.norm().item(), rel=1e-5)
+    assert torch.allclose(state["neuron_second_moment"], 0.05 * update.square().mean(dim=1, keepdim=True))
+    # Later steps divide by the running average, not by this step's own RMS.
+    second_rms = normalize_neurons(update.flip(0), state).square().mean(dim=1).sqrt()
+    assert second_rms.max() > 1.5 * second_rms.min()
+    # Through Muon: the same update as orthogonalise-then-normalise, step for step.
+    p = torch.nn.Parameter(torch.zeros(16, 8))
+    g = torch.randn(16, 8)
+    p.grad = g.clone()
+    Muon([p], lr=1.0, momentum=0.0, nesterov=False, normuon=True).step()
+    assert torch.allclose(-p.detach(), 2 ** 0.5 * normalize_neurons(orthogonalize(g), {}), atol=1e-6)
+
+
 @pytest.mark.parametrize("shape", [(8,), (2, 3, 4), ()])
 def test_non_matrix_parameter_is_rejected_with_its_shape(shape):
     with pytest.raises(ValueError, match=re.escape(f"2-D weight matrices, but a parameter has shape {shape}")):
@@ -130,14 +165,15 @@ def test_muon_fits_a_small_regression():
     assert losses[-1] < 0.6 * losses[0], losses
 
 
-def test_state_dict_round_trip_resume_is_exact(tmp_path):
+@pytest.mark.parametrize("options", [{}, dict(cautious_wd=True, normuon=True)], ids=["muon", "normuon-cautious"])
+def test_state_dict_round_trip_resume_is_exact(tmp_path, options):
     x, y, params = _regression_problem()
     straight = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    opt = Muon(straight, lr=0.02, momentum=0.9, weight_decay=0.01)
+    opt = Muon(straight, lr=0.02, momentum=0.9, weight_decay=0.01, **options)
     _train(straight, opt, x, y, 10)
 
     resumed = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    opt = Muon(resumed, lr=0.02, momentum=0.9, weight_decay=0.01)
+    opt = Muon(resumed, lr=0.02, momentum=0.9, weight_decay=0.01, **options)
     _train(resumed, opt, x, y, 5)
     torch.save({"params": [p.detach() for p in resumed], "optim": opt.state_dict()}, tmp_path / "ck.pt")
     del opt, resumed
@@ -148,6 +184,8 @@ def test_state_dict_round_trip_resume_is_exact(tmp_path):
     opt.load_state_dict(saved["optim"])
     assert opt.param_groups[0]["lr"] == 0.02
     assert "momentum_buffer" in opt.state[resumed[0]]
+    assert ("neuron_second_moment" in opt.state[resumed[0]]) == bool(options)
+    assert opt.param_groups[0]["normuon"] == bool(options)
     _train(resumed, opt, x, y, 5)
     for a, b in zip(straight, resumed):
         assert torch.equal(a, b)

@@ -74,6 +74,9 @@ def test_muons_weight_decay_is_its_own_setting_and_adamws_stays_on_the_embedding
     assert [g["weight_decay"] for g in muon.param_groups] == [0.2] and adamw.param_groups[0]["weight_decay"] == 0.1
     _, muon = optim.make_optimizers(model, cfg(optimizer="muon"), "cpu")  # settings saved before it: none
     assert [g["weight_decay"] for g in muon.param_groups] == [0.0]
+    assert not muon.param_groups[0]["cautious_wd"] and not muon.param_groups[0]["normuon"]
+    _, muon = optim.make_optimizers(model, cfg(optimizer="muon", muon_cautious_wd=True, muon_normuon=True), "cpu")
+    assert muon.param_groups[0]["cautious_wd"] and muon.param_groups[0]["normuon"]
 
 
 def test_grad_scaler_only_for_float16():

@@ -131,6 +131,8 @@ def test_a_run_refused_at_start_leaves_no_out_dir(tmp_path):
         ({"muon_lr": "nan"}, "muon_lr=nan must be a finite number"),
         ({"muon_weight_decay": "-0.1"}, "muon_weight_decay=-0.1 must be a finite number"),
         ({"optimizer": "adamw", "muon_weight_decay": "0.05"}, "muon_weight_decay=0.05 decays Muon's matrices, but optimizer=adamw"),
+        ({"optimizer": "adamw", "muon_normuon": "true"}, "muon_normuon=true changes Muon's step, but optimizer=adamw"),
+        ({"optimizer": "muon", "muon_cautious_wd": "true"}, "muon_cautious_wd=true chooses where Muon's weight decay acts, but muon_weight_decay=0"),
         ({"weight_decay": "-1"}, "weight_decay=-1.0 must be a finite number, not negative"),
         ({"beta1": "1.5"}, r"beta1=1.5 must be in \[0, 1\)"),
         ({"beta2": "1"}, r"beta2=1.0 must be in \[0, 1\)"),
