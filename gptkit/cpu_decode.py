@@ -192,7 +192,7 @@ def numpy_product(linear):
 def float16_product(linear):
     """The same product reading a float16 copy of the weight (fbgemm packs it once)."""
     packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.detach().contiguous(), detached(linear.bias))
-    return lambda x: torch.ops.quantized.linear_dynamic_fp16(torch.from_numpy(x), packed).numpy()
+    return lambda x: torch.ops.quantized.linear_dynamic_fp16.default(torch.from_numpy(x), packed).numpy()
 
 
 def int8_product(linear):
@@ -205,7 +205,7 @@ def int8_product(linear):
         warnings.simplefilter("ignore", UserWarning)  # tests/test_cpu_decode.py fails where they go
         q = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
     packed = torch.ops.quantized.linear_prepack(q, detached(linear.bias))
-    return lambda x: torch.ops.quantized.linear_dynamic(torch.from_numpy(x), packed, True).numpy()
+    return lambda x: torch.ops.quantized.linear_dynamic.default(torch.from_numpy(x), packed, True).numpy()
 
 
 PRODUCTS = {"float32": numpy_product, "float16": float16_product, "int8": int8_product}

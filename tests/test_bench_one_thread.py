@@ -77,8 +77,30 @@ def test_the_one_thread_tables_leave_nothing_in_the_temporary_folder(tmp_path, m
     monkeypatch.setattr(bench_sample, "save_nanogpt_baby", baby)
     monkeypatch.setattr(one_thread, "run_one_thread", lambda command, cwd, log: {"cpu_s": 2.0 if "40" in command[-1] else 1.0, "wall_s": 1.0})
     monkeypatch.setattr(bench_sample, "one_thread_batched_table", lambda *a: "batched")
+    monkeypatch.setattr(bench_sample, "quick_start_checkpoint", lambda out_dir: None)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    args = argparse.Namespace(quick=True, nanogpt=None, new_tokens=40, repeats=1, seed=1, no_exact=False)
+    args = argparse.Namespace(quick=True, nanogpt=None, new_tokens=40, repeats=1, seed=1, no_exact=False,
+                              out_dir="out-shakespeare")
     tables = bench_sample.one_thread_tables(args)
     assert len(tables) == 2 and tables[1] == "batched"
     assert list(tmp_path.iterdir()) == [] and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+
+
+def test_the_one_thread_tables_name_a_missing_quick_start_model_before_any_run(tmp_path, monkeypatch):
+    # Its batched table needs the quick-start model: without one, the run measured the baby
+    # GPT for minutes and only then failed. It must fail first, naming the command to run.
+    import argparse
+    import tempfile
+
+    from benchmarks import bench_sample
+    from gptkit.errors import UserError
+
+    ran = []
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(bench_sample, "measure_floor_rates", lambda: ran.append("floor") or (1e10, 1e10))
+    monkeypatch.setattr(one_thread, "run_one_thread", lambda *a: ran.append("run"))
+    args = argparse.Namespace(quick=True, nanogpt=None, new_tokens=40, repeats=1, seed=1, no_exact=False,
+                              out_dir=str(tmp_path / "no-model-here"))
+    with pytest.raises(UserError, match=r"no quick-start model in .*no-model-here.*python train.py configs/shakespeare.py"):
+        bench_sample.one_thread_tables(args)
+    assert ran == [] and list(tmp_path.iterdir()) == []
