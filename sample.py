@@ -33,13 +33,12 @@ shifts). By default we instead keep the last half of the window once, rebuild
 the cache from it and go on caching (`shift_context`): each token still sees
 between block_size/2 and block_size tokens, as in training, and generation
 stays fast (the quick-start model has block_size 64, its samples are 500
-tokens). `--shift_context false` gives exactly nanoGPT's tokens. On a CPU in
-float32 each new token's step runs with NumPy on the model's own weights and
-cache (gptkit/cpu_decode.py: model.py's computation, tested equal to 2e-5), whose
-matrix products read the weights faster than PyTorch's. It checks itself against
-model.py on the first tokens of every generation and hands over to model.py, with
-one line on stderr, where they differ (model.py edited); the header on stderr names
-the path that runs, and `--cpu_decode false` runs model.py's PyTorch step instead.
+tokens). `--shift_context false` gives exactly nanoGPT's tokens. On a CPU the
+model's nn.Linear modules are swapped, once, for faster products on the same
+weights (gptkit/cpu_linears.py: NumPy's float32, or float16 or int8 copies with
+--dtype), each checked against the module it replaces; model.py's forward runs
+as written around them, so an edit to it always runs. The header on stderr
+names what was swapped; `--cpu_decode false` keeps nn.Linear.
 
 `--compile` compiles the one-token step once, gpt-fast's way (a cache allocated
 for block_size positions, the position as a tensor: gptkit/compiled_decode.py);
@@ -61,12 +60,11 @@ from gptkit.errors import quiet_start
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 import torch
 
-from gptkit import cpu_decode
 from gptkit import chat_session
 from gptkit.config import parse_settings, setting
-from gptkit.device import SAMPLE_DTYPES, inference_dtype, resolve_device
+from gptkit.device import SAMPLE_DTYPES, resolve_device
 from gptkit.errors import UserError, run_main
-from gptkit.generate import decode_path, generate_samples
+from gptkit.generate import generate_samples, prepare_for_generating
 from gptkit.loading import load_model
 from gptkit.paths import claim_output
 from gptkit.sampling import check_sampling_options
@@ -108,19 +106,17 @@ class SampleConfig:
     device: str = setting("auto", "auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps")
     dtype: str = setting(
         "auto", "weights' dtype: auto (bfloat16 on CUDA when supported, else float32), "
-        "float32, bfloat16, float16 (on a CPU: weights rounded to float16, arithmetic in "
-        "float32, half the bytes per token: BENCHMARKS.md), int8 (a CPU only: the matrices "
-        "rounded to int8 per row, int8 products with 7-bit inputs; its speed and loss cost in "
-        "BENCHMARKS.md)")
+        "float32, bfloat16, float16 (on a CPU: float16 copies of the matrices, half the bytes "
+        "per token: BENCHMARKS.md), int8 (a CPU only: the matrices rounded to int8 per row, "
+        "bfloat16 inputs; its speed and loss cost in BENCHMARKS.md)")
     compile: bool = setting(
         False, "compile the one-token decoding step once (a static cache; "
         "gptkit/compiled_decode.py): the main speed lever on CUDA for few samples; on a CPU it "
         "does not pay (2x for the quick-start model after 12-45 s of compiling: BENCHMARKS.md)")
     cpu_decode: bool = setting(
-        True, "on a CPU in float32, run each new token's step with NumPy on the model's own "
-        "weights (gptkit/cpu_decode.py: checked against model.py on the first tokens, which "
-        "runs instead if they differ; one sample of the baby GPT 1.4x faster at one thread: "
-        "BENCHMARKS.md); false: model.py's forward in PyTorch")
+        True, "on a CPU, swap faster products into model.py's nn.Linear modules "
+        "(gptkit/cpu_linears.py: NumPy's float32, or float16/int8 copies with --dtype; each "
+        "checked against the module it replaces); false: nn.Linear as written")
     use_cache: bool = setting(
         True, "keep past keys/values (fast); false recomputes the whole context every token")
     shift_context: bool = setting(
@@ -217,20 +213,6 @@ def write(piece):
         sys.stdout.flush()
 
 
-def weights_dtype(model, name, device):
-    """The dtype the model is cast to. On a CPU, float16 rounds the weights to float16
-    and keeps float32 arithmetic (gptkit/cpu_decode.py): a weight beyond float16's
-    range is refused by name, before anything is printed; int8 rounds the matrices to
-    int8 per row, also kept in float32."""
-    dtype = inference_dtype(name, device)  # int8 off a CPU: refused
-    if name == "int8":
-        cpu_decode.round_to_int8(model)
-    if device.type == "cpu" and dtype == torch.float16:
-        cpu_decode.round_to_float16(model)
-        return torch.float32
-    return dtype
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     # a switch: --chat alone means true
@@ -250,20 +232,18 @@ def main(argv=None):
     if cfg.chat:  # a conversation instead of samples
         system = unescape(cfg.system) if cfg.system else None
         session = chat_session.Session(model, tokenizer, system)
-        dtype = weights_dtype(model, cfg.dtype, device)
+        path = prepare_for_generating(model, cfg, device)
         if sys.stdin.isatty():  # from a pipe, stderr carries only a mistake's one line
-            print(f"{summary}\n{decode_path(model, cfg, device)}", file=sys.stderr)
-        model.to(device=device, dtype=dtype)
+            print(f"{summary}\n{path}", file=sys.stderr)
         return chat_session.talk(session, cfg, device, sys.stdin, write)
     # before any heavy work: unknown characters fail here
     prompt_ids = encode_prompt(tokenizer, prompt)
     if cfg.attention is not None and not 0 <= cfg.layer < model.config.n_layer:
         raise UserError(f"--layer {cfg.layer} does not exist: this model has layers 0 to "
                         f"{model.config.n_layer - 1}")
-    dtype = weights_dtype(model, cfg.dtype, device)
     # after the checks: a mistake's error is the only line printed
-    print(f"{summary}\n{decode_path(model, cfg, device)}", file=sys.stderr)
-    model.to(device=device, dtype=dtype)
+    path = prepare_for_generating(model, cfg, device)
+    print(f"{summary}\n{path}", file=sys.stderr)
 
     if cfg.attention is not None:
         from gptkit.attention_plot import draw_attention

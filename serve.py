@@ -58,7 +58,8 @@ class ServeConfig:
     dtype: str = setting("auto", "weights' dtype: auto (bfloat16 on CUDA when supported, else float32), float32, "
                          "bfloat16, float16, int8 (as sample.py)")
     compile: bool = setting(False, "compile the one-token decoding step once, as sample.py --compile")
-    cpu_decode: bool = setting(True, "on a CPU in float32, each new token's step with NumPy (as sample.py)")
+    cpu_decode: bool = setting(True, "on a CPU, faster products swapped into model.py's Linears "
+                               "(gptkit/cpu_linears.py, as sample.py); false: nn.Linear as written")
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -89,14 +90,12 @@ def model_name(cfg):
 
 
 def main(argv=None):
-    from sample import weights_dtype  # sample.py's weights, cast the same way
     from gptkit.serve.server import bind, serve
 
     (cfg,) = parse_settings(argv, [ServeConfig], prog="serve.py", description=__doc__)
     device = resolve_device(cfg.device)
     sock = bind(cfg.host, cfg.port)  # before the model loads: a port in use fails at once
     model, tokenizer, summary = load_model(cfg.init_from, cfg.out_dir, cfg.ckpt, cfg.data_dir, cfg.meta)
-    model.to(device=device, dtype=weights_dtype(model, cfg.dtype, device))
     return serve(model, tokenizer, summary, cfg, device, model_name(cfg), sock)
 
 

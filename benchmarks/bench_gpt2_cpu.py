@@ -4,15 +4,16 @@
     python bench.py gpt2_cpu --new_tokens 40  # shorter
 
 One GPT-2 124M with random weights (speed does not depend on them; offline) is
-run by: our sample path (gptkit.generate.generate_stream, the KV cache) with
-sample.py's default CPU step (gptkit/cpu_decode.py) and with model.py's PyTorch
-step (--cpu_decode false) and with --dtype float16 (float16 copies of the matrices),
+run by: our sample path (gptkit.generate.generate_stream, the KV cache, model.py's
+forward) with sample.py's default CPU parts (gptkit/cpu_linears.py's NumPyLinear),
+with nn.Linear as written (--cpu_decode false), and with --dtype float16 and int8
+(Float16Linear, Int8Linear),
 transformers' `generate` with its KV cache on the same weights exported by
 `convert.py --to hf`'s code (in fp32, and cast to float16 and bfloat16), and
 llama.cpp (llama-cpp-python, requirements-gguf.txt) on our own `--to gguf` exports
 in f32 and q8_0. All greedy,
 the same prompt, in this process at one thread (OMP_NUM_THREADS=1, set by re-running itself where
-it is not: torch, NumPy's BLAS and fbgemm; llama.cpp n_threads=1), the samplers alternating A B C ... and the best of --repeats kept.
+it is not: torch and NumPy's BLAS; llama.cpp n_threads=1), the samplers alternating A B C ... and the best of --repeats kept.
 Per token: the CPU seconds (process_time) between the first new token and the last
 over (n - 1), so the prompt and start-up cancel. The floor: every weight read once
 per token at this thread's measured read bandwidth.
@@ -67,12 +68,12 @@ class Stamps:
         return (self.cpu[-1] - self.cpu[0]) / (n - 1), (self.wall[-1] - self.wall[0]) / (n - 1)
 
 
-def ours(model, n, decoder=None):
+def ours(model, n):
     from gptkit.generate import generate_stream
 
     stamps = Stamps()
     idx = torch.tensor([PROMPT])
-    for _ in generate_stream(model, idx, n, temperature=0, decoder=decoder):
+    for _ in generate_stream(model, idx, n, temperature=0):
         stamps.tick()
     return stamps
 
@@ -150,12 +151,14 @@ def build(work, seed):
 
 
 @torch.inference_mode()
-def decode_scores(model, decoder, windows):
-    """(mean loss, argmax, logits) of windows (B, L + 1) scored through decoder one token at a time."""
-    cache = decoder.new_cache()
-    logits = [decoder(windows[:, :1], cache)]
+def decode_scores(model, windows):
+    """(mean loss, argmax, logits) of windows (B, L + 1) scored through the KV cache one token at a time."""
+    from model import KVCache
+
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    logits = [model.next_token_logits(windows[:, :1], cache)]
     for t in range(1, windows.size(1) - 1):
-        logits.append(decoder(windows[:, t : t + 1], cache))
+        logits.append(model.next_token_logits(windows[:, t : t + 1], cache))
     logits = torch.stack(logits, 1)  # (B, L, vocab)
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
     return loss.item(), logits.argmax(-1), logits
@@ -165,15 +168,23 @@ def int8_cost(label, model, windows):
     """One row: float32 against int8 weights on the same windows, through the decode step."""
     import copy
 
-    from gptkit.cpu_decode import CPUDecoder, round_to_int8
-
-    full, int8 = copy.deepcopy(model), copy.deepcopy(model)
-    round_to_int8(int8)
-    loss32, top32, logits32 = decode_scores(full, CPUDecoder(full), windows)
-    loss8, top8, logits8 = decode_scores(int8, CPUDecoder(int8, weights="int8"), windows)
+    full, int8 = with_parts(model, "float32"), with_parts(model, "int8")
+    loss32, top32, logits32 = decode_scores(full, windows)
+    loss8, top8, logits8 = decode_scores(int8, windows)
     gap = ((logits8 - logits32).abs().max() / logits32.abs().max()).item()
     return [label, windows.numel() - windows.size(0), round(loss32, 4), round(loss8, 4), f"{loss8 - loss32:+.4f}",
             f"{100 * (top8 == top32).float().mean().item():.1f}%", f"{100 * gap:.2f}%"]
+
+
+def with_parts(model, weights):
+    """A copy of `model` with gptkit/cpu_linears.py's parts for `weights` swapped in, as sample.py does."""
+    import copy
+
+    from gptkit import cpu_linears
+
+    net = copy.deepcopy(model)
+    cpu_linears.swap_linears(net, weights, lambda line: print(f"[gpt2_cpu] {line}", file=sys.stderr))
+    return net
 
 
 def val_windows(tokens, count, length, seed):
@@ -195,8 +206,8 @@ def cost_table(args, gpt2_model, Table):
     table = Table("--dtype int8's cost: the validation text through the decode step, float32 against int8 weights",
                   ["model", "tokens scored", "float32 loss", "int8 loss", "rise", "top-1 as float32", "largest logit gap"],
                   note="Windows at random places of the quick-start data's val split (data/shakespeare_char), "
-                  f"{args.cost_windows} per model, each scored token by token from a fresh cache (gptkit/cpu_decode.py, "
-                  "float32 weights against round_to_int8's with int8 products). GPT-2's shape: the random weights "
+                  f"{args.cost_windows} per model, each scored token by token from a fresh cache (model.py with gptkit/cpu_linears.py's "
+                  "NumPyLinear against Int8Linear). GPT-2's shape: the random weights "
                   "above, the same text in GPT-2 tokens (its loss is near ln 50257: the rise measures the rounding, "
                   "not a trained model's loss). Logit gap: the largest |int8 - float32| over the largest |float32| logit.")
     val = Path("data/shakespeare_char/val.bin")
@@ -244,7 +255,6 @@ def measure(args, work):
 
     from benchmarks.bench_sample import measure_floor_rates
     from benchmarks.report import Table
-    from gptkit.cpu_decode import CPUDecoder, has_fbgemm, round_to_float16, round_to_int8
     from gptkit.interop.hf_gpt2 import export_gpt2
 
     if args.new_tokens < 3:
@@ -252,20 +262,11 @@ def measure(args, work):
     torch.set_num_threads(1)
     n = args.new_tokens
     model, run_dir = build(work, args.seed)
-    laid_out = copy.deepcopy(model)
-    decoder = CPUDecoder(laid_out)
-    half = copy.deepcopy(model)
-    round_to_float16(half)
-    half_decoder = CPUDecoder(half, weights="float16")
-    half_label = f"ours, --dtype float16 ({'fbgemm' if has_fbgemm() else 'NumPy'} products, float32 arithmetic)"
-    int8 = copy.deepcopy(model)
-    round_to_int8(int8)
-    int8_decoder = CPUDecoder(int8, weights="int8")
-    int8_label = f"ours, --dtype int8 ({'fbgemm int8' if has_fbgemm() else 'NumPy float32'} products)"
-    samplers = {"ours, sample.py's CPU step (NumPy)": lambda: ours(laid_out, n, decoder),
-                "ours, PyTorch step (--cpu_decode false)": lambda: ours(model, n),
-                half_label: lambda: ours(half, n, half_decoder),
-                int8_label: lambda: ours(int8, n, int8_decoder)}
+    parts = {weights: with_parts(model, weights) for weights in ("float32", "float16", "int8")}
+    samplers = {"ours, sample.py's default (NumPyLinear)": lambda: ours(parts["float32"], n),
+                "ours, nn.Linear (--cpu_decode false)": lambda: ours(model, n),
+                "ours, --dtype float16 (Float16Linear)": lambda: ours(parts["float16"], n),
+                "ours, --dtype int8 (Int8Linear)": lambda: ours(parts["int8"], n)}
     try:
         import transformers
 
@@ -302,7 +303,7 @@ def measure(args, work):
     bandwidth, _ = measure_floor_rates()
     fp32_bytes = sum(p.numel() * 4 for p in model.parameters())
     floor = {"fp32": fp32_bytes / bandwidth}
-    base = best["ours, sample.py's CPU step (NumPy)"][0]
+    base = best["ours, sample.py's default (NumPyLinear)"][0]
     hf_label = next((k for k in samplers if k.startswith("transformers") and k.endswith("fp32")), None)
     table = Table(
         f"GPT-2 124M (random weights), batch 1, greedy, {n} new tokens, one thread, CPU",
@@ -311,8 +312,9 @@ def measure(args, work):
         f"(process_time) from the first new token to the last / ({n} - 1). Floor: {fp32_bytes / 1e6:.0f} MB of "
         f"fp32 weights read once per token at {bandwidth / 1e9:.1f} GB/s (this thread, measured) = "
         f"{1000 * floor['fp32']:.1f} ms (float16 weights are 0.5x those bytes, q8_0 ~0.27x). vs transformers: "
-        f"against its fp32 row. ours --dtype float16: every weight rounded to float16, the products reading "
-        f"float16 copies; transformers float16/bfloat16: the model cast (weights and arithmetic).",
+        f"against its fp32 row. ours --dtype float16 / int8: model.py's forward with float16 copies of the matrices "
+        f"(float16 inputs) / int8 copies (bfloat16 inputs) swapped in; transformers float16/bfloat16: the model cast "
+        f"(weights and arithmetic).",
     )
     for label, (cpu, wall) in best.items():
         vs_hf = f"{best[hf_label][0] / cpu:.2f}x" if hf_label else "—"

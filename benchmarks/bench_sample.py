@@ -22,8 +22,8 @@ by memory bandwidth (every weight is read once per token), so half the bytes
 is nearly twice the speed.
 
 With --one_thread the baby-GPT rows are sample.py processes: nanoGPT's own, ours by
-default (each token's step with NumPy, gptkit/cpu_decode.py), ours with model.py's
-PyTorch step (--cpu_decode false), and ours --compile, whose compile time is given
+default (model.py's forward with gptkit/cpu_linears.py's NumPyLinear parts), ours with
+nn.Linear as written (--cpu_decode false), and ours --compile, whose compile time is given
 for an empty and for a warm inductor cache.
 
 --compile instead times the compiled one-token step (gptkit/compiled_decode.py)
@@ -64,6 +64,9 @@ def add_arguments(parser):
     parser.add_argument("--nanogpt", default=None, help="a nanoGPT checkout to compare with (default: $NANOGPT_DIR)")
     parser.add_argument("--new_tokens", type=int, default=1000, help="--one_thread: new tokens per baby-GPT sample")
     parser.add_argument("--repeats", type=int, default=2, help="--one_thread: interleaved repeats (best is kept)")
+    parser.add_argument("--before", default=None,
+                        help="--one_thread: another checkout of this project (say, an earlier commit) whose sample.py "
+                        "runs the default, float16 and int8 rows too, in the same run")
     parser.add_argument("--no_exact", action="store_true",
                         help="--one_thread: leave out the exact row (--shift_context false; ~75 CPU s a run)")
 
@@ -343,10 +346,17 @@ def one_thread_tables_in(args, work):
     if not args.no_exact:
         commands["ours, exact (--shift_context false)"] = (REPO, ours + ["--shift_context", "false"], "--max_new_tokens={}")
     commands["ours, default (KV cache + shift_context)"] = (REPO, ours, "--max_new_tokens={}")
-    commands["ours, PyTorch step (--cpu_decode false)"] = (REPO, ours + ["--cpu_decode", "false"], "--max_new_tokens={}")
+    commands["ours, nn.Linear (--cpu_decode false)"] = (REPO, ours + ["--cpu_decode", "false"], "--max_new_tokens={}")
     for dtype in ("float16", "int8"):  # fewer bytes a token: float16 or int8 copies of the matrices
         weights = [dtype if arg == "float32" else arg for arg in ours]
         commands[f"ours, --dtype {dtype}"] = (REPO, weights, "--max_new_tokens={}")
+    if getattr(args, "before", None):  # the same rows from another checkout, interleaved with ours
+        before = Path(args.before).expanduser().resolve()
+        if not (before / "sample.py").is_file():
+            raise UserError(f"--before {before}: no sample.py there (a checkout of this project)")
+        for dtype in ("float32", "float16", "int8"):
+            weights = [dtype if arg == "float32" else arg for arg in ours]
+            commands[f"before ({before.name}), --dtype {dtype}"] = (before, weights, "--max_new_tokens={}")
     # compiled: its 1-token run pays the compile, so the difference of the two cancels it (reported apart)
     commands["ours, --compile"] = (REPO, ours + ["--compile", "true"], "--max_new_tokens={}")
     cpu = {label: {n: [], 1: []} for label in commands}
@@ -380,7 +390,7 @@ def one_thread_tables_in(args, work):
         table.add_row(label, round(min(cpu[label][n]), 2), round(min(cpu[label][1]), 2), round(ms, 3), round(1000 / ms, 1),
                       f"{base_ms / ms:.1f}x", round(floor, 3), f"{100 * floor / ms:.0f}%", round(min(wall[label]), 1))
     default = "ours, default (KV cache + shift_context)"
-    table.note += (" Ours by default decodes each token with NumPy on a CPU in float32 (gptkit/cpu_decode.py). "
+    table.note += (" Ours by default runs model.py's forward with gptkit/cpu_linears.py's NumPyLinear parts on a CPU. "
                    f"--compile (the PyTorch step compiled): its compile costs the 1-token run's extra CPU s over the default's: "
                    f"{cold - min(cpu[default][1]):.1f} s with an empty inductor cache, "
                    f"{min(cpu['ours, --compile'][1]) - min(cpu[default][1]):.1f} s in a later process "

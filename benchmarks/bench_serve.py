@@ -218,22 +218,22 @@ def run(args):
 
 def batched_rate(ckpt, batch, new_tokens):
     """Tokens per second of `batch` equal prompts generated as one batch in this process
-    (greedy, sample.py's CPU step): what serving in batches could reach at best; different
+    (greedy, sample.py's CPU parts): what serving in batches could reach at best; different
     prompts would also need padding and masks that model.py's cache does not have."""
     import torch
 
     from gptkit import loading
     from gptkit.checkpoint import load_checkpoint
-    from gptkit.cpu_decode import CPUDecoder
+    from gptkit import cpu_linears
     from gptkit.generate import generate_stream
 
     model, tokenizer, _ = loading.model_from_checkpoint(load_checkpoint(ckpt), ckpt)
-    decoder = CPUDecoder(model)
+    cpu_linears.swap_linears(model, "float32", print)
     idx = torch.tensor([tokenizer.encode("What is 1+2?")] * batch, dtype=torch.long)
     best = float("inf")
     for _ in range(2):  # the first also warms up
         t0 = time.perf_counter()
-        for _ in generate_stream(model, idx, new_tokens, temperature=0, decoder=decoder):
+        for _ in generate_stream(model, idx, new_tokens, temperature=0):
             pass
         best = min(best, time.perf_counter() - t0)
     return batch * new_tokens / best

@@ -6,7 +6,7 @@ from torch.torch_version import TorchVersion
 from gptkit.errors import UserError, same_on_every_rank
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SAMPLE_DTYPES = (*DTYPES, "int8")  # sample.py's and serve.py's: int8 matrices on a CPU (gptkit/cpu_decode.py)
+SAMPLE_DTYPES = (*DTYPES, "int8")  # sample.py's and serve.py's: int8 matrices on a CPU (gptkit/cpu_linears.py)
 F16_MAX = 65504.0  # float16's largest finite value
 F16_OVERFLOW = 65520.0  # the least value that rounds to float16's infinity (half-way to 2**16, ties to even)
 
@@ -67,9 +67,9 @@ def inference_dtype(name, device):
     device = torch.device(device)
     if name == "auto":
         name = "bfloat16" if device.type == "cuda" and native_bf16(device) else "float32"
-    if name == "int8":  # float32 values rounded to int8 (cpu_decode.round_to_int8), int8 products
+    if name == "int8":  # a float32 model with int8 copies of its matrices (gptkit/cpu_linears.py)
         if device.type != "cpu":
-            raise UserError(f"--dtype int8 runs on a CPU (fbgemm's int8 products), not {device.type}: "
+            raise UserError(f"--dtype int8 runs on a CPU (gptkit/cpu_linears.py's Int8Linear), not {device.type}: "
                             "use --device cpu, or --dtype bfloat16 or float16 on a GPU")
         return torch.float32
     return DTYPES[name]

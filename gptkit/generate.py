@@ -12,13 +12,14 @@ characters and cuts the text before a stop string.
 """
 
 import sys
-import weakref
 
 import torch
 
-from gptkit import cpu_decode
+from gptkit import cpu_linears
 from gptkit.chat import TURN_TOKENS
 from gptkit.compiled_decode import CompiledDecoder
+from gptkit.device import inference_dtype
+from gptkit.errors import UserError, first_line
 from gptkit.sampling import check_sampling_options, choose_next_token
 from model import KVCache
 
@@ -127,8 +128,7 @@ def generate_stream(
     and all of block_size, so they differ from recomputation.
     A row that emits one of stop_tokens is finished: later steps repeat that stop
     token for it, and the generator stops once every row is finished.
-    `decoder` (gptkit.compiled_decode.CompiledDecoder, sample.py --compile, or
-    gptkit.cpu_decode.CPUDecoder, sample.py's default on a CPU in float32) runs the
+    `decoder` (gptkit.compiled_decode.CompiledDecoder, sample.py --compile) runs the
     cached steps instead of the model, with a cache of its own making.
     Dropout stays active in train mode: call model.eval() first.
     """
@@ -173,48 +173,82 @@ def generate_stream(
             return
 
 
-def uses_cpu_decode(model, cfg, device):
-    """Whether sample.py's one-token steps run gptkit/cpu_decode.py (a CPU, float32)."""
-    return not cfg.compile and cfg.cpu_decode and cfg.use_cache and cpu_decode.applies(model, device)
-
-
-def cpu_weights(cfg):
-    """The matrices cpu_decode's products read: float16 or int8 copies as --dtype says, else float32."""
+def fast_weights(cfg, device):
+    """Which of gptkit/cpu_linears.py's parts go into the model, or None: on a CPU, unless
+    --compile or --cpu_decode false: float16 or int8 copies of the matrices as --dtype
+    says, else NumPy's float32 product on the same weights."""
+    if device.type != "cpu" or cfg.compile or not cfg.cpu_decode or cfg.dtype == "bfloat16":
+        return None  # bfloat16: the model is cast, weights and arithmetic
     return cfg.dtype if cfg.dtype in ("float16", "int8") else "float32"
 
 
-def decode_path(model, cfg, device):
-    """What runs each new token, for sample.py's header."""
+def say(line):
+    print(line, file=sys.stderr)
+
+
+def prepare_for_generating(model, cfg, device, note=say):
+    """Cast `model` to cfg.dtype on `device` and, on a CPU, swap gptkit/cpu_linears.py's
+    faster products into it (once: a model already prepared is left as it is).
+    Returns the header line naming what runs each new token."""
+    dtype = inference_dtype(cfg.dtype, device)  # int8 off a CPU: refused
+    if cfg.dtype == "int8" and fast_weights(cfg, device) is None:
+        raise UserError("--dtype int8 is gptkit/cpu_linears.py's Int8Linear: leave out "
+                        "--cpu_decode false and --compile")
+    weights = fast_weights(cfg, device)
+    model.to(device=device, dtype=torch.float32 if weights else dtype)
     if cfg.compile:
         return "decode: model.py's forward through torch.compile (gptkit/compiled_decode.py)"
-    if uses_cpu_decode(model, cfg, device):
-        fast, _ = cpu_decode.products(cpu_weights(cfg))
-        matrices = {"float32": "", "float16": ", float16 matrices (fbgemm)",
-                    "int8": ", int8 matrices and 7-bit inputs (fbgemm)"}[fast]
-        return (f"decode: gptkit/cpu_decode.py (NumPy one-token step{matrices}, checked against "
-                "model.py on the first tokens; --cpu_decode false for model.py's)")
-    return "decode: model.py's forward with its KV cache"
+    if weights is None:
+        return "decode: model.py's forward with its KV cache"
+    if getattr(model, "swapped_linears", None) is None:
+        model.swapped_linears = swap_in(model, weights, note)
+    parts = model.swapped_linears
+    if not parts:
+        return "decode: model.py's forward with its KV cache (no nn.Linear swapped)"
+    kind = type(getattr(parts[0][1], parts[0][2])).__name__
+    return (f"decode: model.py's forward with its KV cache; {len(parts)} nn.Linear -> {kind} "
+            "(gptkit/cpu_linears.py, each checked against the module it replaces; "
+            "--cpu_decode false keeps nn.Linear)")
 
 
-_told = weakref.WeakSet()  # models whose fast path's fallback was said already (once a session)
+def swap_in(model, weights, note):
+    """cpu_linears.swap_linears, then one cached step of model.py's forward both ways: if
+    the swapped model fails there (model.py edited to read a Linear as the parts do not
+    allow) or, in float32, its logits differ, the nn.Linear modules go back, one line says so."""
+    missing = cpu_linears.available(weights)
+    if missing:
+        note(f"decode: this PyTorch has no {missing} for --dtype {weights}: model.py's float32 "
+             "products run instead")
+        weights = "float32"
+    probe = torch.arange(3, device="cpu")[None, :] % model.config.vocab_size  # (1, 3)
+    expected = cached_logits(model, probe)
+    swapped = cpu_linears.swap_linears(model, weights, note)
+    try:
+        got = cached_logits(model, probe)
+        gap = (got - expected).abs().max().item() / max(1.0, expected.abs().max().item())
+        if weights == "float32" and not gap <= cpu_linears.TOLERANCE["float32"] * 10:
+            raise ValueError(f"its logits differ from nn.Linear's by {gap:.3g}")
+    except Exception as e:  # whatever the edit: model.py's own modules run instead
+        cpu_linears.restore_linears(swapped)
+        note(f"decode: gptkit/cpu_linears.py's parts put back to nn.Linear ({first_line(e)}): "
+             "model.py runs as written")
+        return []
+    return swapped
 
 
-def note_once(model):
-    def note(line):
-        if model not in _told:
-            _told.add(model)
-            print(line, file=sys.stderr)
-    return note
+@torch.inference_mode()
+def cached_logits(model, probe):
+    """Logits after a prompt and after one more token through a KV cache, (2, vocab_size)."""
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    first = model.next_token_logits(probe[:, :-1], cache)
+    return torch.cat((first, model.next_token_logits(probe[:, -1:], cache)))
 
 
-def make_decoder(model, cfg, device, batch_size=None):
-    """What runs each cached step as cfg says: the compiled step (--compile), NumPy on a
-    CPU in float32 (cpu_decode: float16 or int8 copies of the matrices for --dtype
-    float16 or int8, checked against model.py on the first tokens), else None (model.py's own)."""
+def make_decoder(model, cfg, batch_size=None):
+    """What runs each cached step: the compiled step for --compile, else None (model.py's
+    forward, with the parts prepare_for_generating swapped in)."""
     if cfg.compile:
         return CompiledDecoder(model, batch_size or cfg.num_samples)
-    if uses_cpu_decode(model, cfg, device):
-        return cpu_decode.CPUDecoder(model, weights=cpu_weights(cfg), note=note_once(model))
     return None
 
 
@@ -236,7 +270,7 @@ def generate_samples(model, tokenizer, prompt_ids, cfg, device, on_text=None, st
     idx = torch.tensor([prompt_ids] * cfg.num_samples, dtype=torch.long, device=device)  # (B, T)
     streams = [TextStream(tokenizer, cfg.stop, stop_tokens) for _ in range(cfg.num_samples)]
     if decoder is None:
-        decoder = make_decoder(model, cfg, device)
+        decoder = make_decoder(model, cfg)
     with torch.no_grad():
         steps = generate_stream(
             model, idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,

@@ -41,13 +41,13 @@ def write_checkpoint(path, chat=True, block_size=64, seed=0):
 class Server:
     """serve.py in a subprocess, on a free port of 127.0.0.1; `url` once it is ready."""
 
-    def __init__(self, *args, env=None):
+    def __init__(self, *args, env=None, cwd=REPO):
         environment = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         environment.pop("GPT_FAULTS", None)
         environment.pop("GPTKIT_API_KEY", None)
         environment.update(env or {})
-        self.proc = subprocess.Popen([sys.executable, str(REPO / "serve.py"), "--port=0", "--device=cpu", *args],
-                                     cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, str(cwd / "serve.py"), "--port=0", "--device=cpu", *args],
+                                     cwd=cwd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
         self.lines = []
         deadline = time.monotonic() + START_TIMEOUT_S

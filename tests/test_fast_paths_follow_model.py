@@ -1,12 +1,16 @@
-"""A learner's edit to model.py always takes effect: the CPU fast paths that stand in for
-model.py's code (gptkit/cpu_decode.py's one-token step, gptkit/fused.py's RMSNorm and
-ReLU²) check themselves against it on the run's own model, fall back with one line
-where they differ, and are named in the header where they agree.
+"""A learner's edit to model.py always takes effect, in every command: training's fused
+kernels (gptkit/fused.py's RMSNorm and ReLU²) check themselves against model.py on the
+run's own model and fall back with one line where they differ; sampling, chat and
+serving run model.py's own forward with faster products swapped in for its nn.Linear
+modules (gptkit/cpu_linears.py), so any edit runs as written.
 
-Each case copies the tree, edits model.py as a learner would (the MLP, attention, RMSNorm,
-each on its own), and in one process trains a few steps with the default kernels and
-with --cpu_kernels model, and samples with the default decode and with --cpu_decode false:
-the defaults must equal model.py's own path, and differ from the unedited tree's."""
+Each case copies the tree, edits model.py as a learner would (a changed value in the MLP,
+an activation clamped, attention's scores scaled, RMSNorm, a renamed submodule with its
+uses, a submodule added to each block), and in one process trains a few steps with the
+default kernels and with --cpu_kernels model, samples with the default decode and with
+--cpu_decode false, and chats both ways; then serve.py answers with the same model. The
+defaults must equal model.py's own path, differ from the unedited tree's, and no command
+may print a traceback."""
 
 import json
 import shutil
@@ -16,14 +20,23 @@ import sys
 import pytest
 
 from repo import REPO
+from serve_helpers import Server, post
 
-EDITS = {
-    "mlp": ("        return self.dropout(self.c_proj(h))\n",
-            "        return self.dropout(self.c_proj(h)) * 0.5\n"),
-    "attention": ("        q, k, v = self.qkv(x, start)\n",
-                  "        q, k, v = self.qkv(x, start)\n        q = q * 3.0  # scores scaled\n"),
-    "rmsnorm": ("        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n",
-                "        y = 0.5 * F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n"),
+RENAMED = [("self.c_fc = nn.Linear(", "self.c_up = nn.Linear("), ("h = self.c_fc(x)", "h = self.c_up(x)")]
+ADDED = [("        self.mlp = MLP(config)\n",
+          "        self.mlp = MLP(config)\n        self.gate = nn.Linear(config.n_embd, config.n_embd)\n"),
+         ("            return x + self.mlp(self.ln_2(x))\n",
+          "            x = x + self.mlp(self.ln_2(x))\n            return x + 0.5 * torch.tanh(self.gate(x))\n")]
+EDITS = {  # name: [(old, new), ...], each old found once in model.py
+    "mlp": [("        return self.dropout(self.c_proj(h))\n",
+             "        return self.dropout(self.c_proj(h)) * 0.5\n")],
+    "activation": [("        return F.relu(h).square()\n", "        return F.relu(h).clamp(max=0.001).square()\n")],
+    "renamed": RENAMED,
+    "added": ADDED,
+    "attention": [("        q, k, v = self.qkv(x, start)\n",
+                   "        q, k, v = self.qkv(x, start)\n        q = q * 3.0  # scores scaled\n")],
+    "rmsnorm": [("        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n",
+                 "        y = 0.5 * F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n")],
 }
 
 # Run inside a tree: train twice, sample twice, print what happened as one JSON line.
@@ -49,6 +62,32 @@ for decode in ("true", "false"):
         assert sample.main([f"--out_dir={out}-fused", "--start=ab", "--num_samples=1",
                             "--max_new_tokens=24", "--seed=1", f"--cpu_decode={decode}"]) == 0
     result["decode_" + decode] = {"text": text.getvalue(), "stderr": said.getvalue()}
+# the logits sampling runs on, swapped parts and model.py's nn.Linear: the edit's effect in numbers
+import torch
+from gptkit.generate import cached_logits, prepare_for_generating
+from gptkit.loading import load_model
+for decode in (True, False):
+    net = load_model("resume", f"{out}-fused", None, "data", None)[0]
+    cfg = sample.SampleConfig(cpu_decode=decode, device="cpu")
+    prepare_for_generating(net, cfg, torch.device("cpu"), note=print)
+    result[f"logits_{decode}"] = cached_logits(net, torch.tensor([[1, 2, 3, 4]])).flatten().tolist()
+# a chat model of the same architecture: the trained weights and 4 turn tokens
+from gptkit.checkpoint import load_checkpoint, save_checkpoint
+from gptkit.loading import find_checkpoint
+ckpt = load_checkpoint(find_checkpoint(f"{out}-fused"))
+model = __import__("model").GPT(__import__("model").GPTConfig(**ckpt["model_config"]))
+model.load_state_dict(ckpt["model"])
+model.grow_vocab(model.config.vocab_size + 4)
+import dataclasses
+save_checkpoint(dict(ckpt, model=model.state_dict(), model_config=dataclasses.asdict(model.config)),
+                f"{out}-chat.pt")
+for decode in ("true", "false"):
+    text, said = io.StringIO(), io.StringIO()
+    sys.stdin = io.StringIO("ab\nba\n")
+    with contextlib.redirect_stdout(text), contextlib.redirect_stderr(said):
+        assert sample.main([f"--ckpt={out}-chat.pt", "--chat", "--max_new_tokens=12", "--temperature=0",
+                            f"--cpu_decode={decode}"]) == 0
+    result["chat_" + decode] = {"text": text.getvalue(), "stderr": said.getvalue()}
 print(json.dumps(result))
 """
 
@@ -76,7 +115,21 @@ def probe(tree, root, name):
     result = subprocess.run([sys.executable, "-c", PROBE, str(root / "data"), str(root / f"out-{name}")],
                             cwd=tree, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    got["serve"] = served(tree, root / f"out-{name}-chat.pt")
+    return got
+
+
+def served(tree, checkpoint):
+    """serve.py in `tree` on `checkpoint`: its stderr and a greedy chat reply."""
+    server = Server(f"--ckpt={checkpoint}", cwd=tree)
+    try:
+        status, reply = post(server.url + "/v1/chat/completions",
+                             {"messages": [{"role": "user", "content": "ab"}], "max_tokens": 12, "temperature": 0})
+        assert status == 200, reply
+    finally:
+        _, said = server.stop()
+    return {"reply": reply["choices"][0]["message"]["content"], "stderr": said}
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +141,14 @@ def test_unedited_the_fast_paths_run_and_are_named(unedited):
     assert "kernels gptkit/fused.py (RMSNorm, ReLU² backward by hand, checked against model.py" in unedited["fused"]["log"]
     assert "does not match" not in unedited["fused"]["log"]
     said = unedited["decode_true"]["stderr"]
-    assert "decode: gptkit/cpu_decode.py (NumPy one-token step, checked against model.py" in said
-    assert "does not match" not in said
-    assert "decode: model.py's forward" in unedited["decode_false"]["stderr"]
+    swapped = "decode: model.py's forward with its KV cache; 9 nn.Linear -> NumPyLinear (gptkit/cpu_linears.py"
+    assert swapped in said and "nn.Linear" not in said.replace(swapped, "").replace("keeps nn.Linear)", "")
+    assert "decode: model.py's forward with its KV cache\n" in unedited["decode_false"]["stderr"]
     assert unedited["decode_true"]["text"] == unedited["decode_false"]["text"]
+    assert unedited["chat_true"]["text"] == unedited["chat_false"]["text"]
+    assert unedited["logits_True"] == pytest.approx(unedited["logits_False"], abs=1e-5)
+    assert swapped in unedited["serve"]["stderr"]
+    assert "Traceback" not in json.dumps(unedited)
     assert unedited["fused"]["losses"] == pytest.approx(unedited["model"]["losses"], abs=1e-5)
 
 
@@ -99,19 +156,28 @@ def test_unedited_the_fast_paths_run_and_are_named(unedited):
 def test_an_edit_to_model_py_is_what_trains_and_samples(edit, tiny_data, unedited, tmp_path):
     tree = tmp_path / "tree"
     shutil.copytree(REPO, tree, ignore=beside_the_code)
-    old, new = EDITS[edit]
     source = (tree / "model.py").read_text()
-    assert source.count(old) == 1
-    (tree / "model.py").write_text(source.replace(old, new))
+    for old, new in EDITS[edit]:
+        assert source.count(old) >= 1
+        source = source.replace(old, new)
+    if edit == "renamed":  # every use renamed: none left
+        assert "c_fc" not in source
+    (tree / "model.py").write_text(source)
     got = probe(tree, tiny_data, edit)
+    assert "Traceback" not in json.dumps(got)
     # training follows the edit, whichever kernels were asked for
     assert got["fused"]["losses"] == pytest.approx(got["model"]["losses"], abs=1e-5)
-    assert got["fused"]["losses"] != pytest.approx(unedited["fused"]["losses"], abs=1e-5)
+    same = edit == "renamed"  # a new name computes what the old one did; every other edit changes it
+    assert (got["fused"]["losses"] == pytest.approx(unedited["fused"]["losses"], abs=1e-5)) == same
     if edit == "rmsnorm":  # the one fused module this edit touches: it fell back, and said so
         assert "kernels: gptkit/fused.py's RMSNorm does not match model.py's" in got["fused"]["log"]
         assert "kernels gptkit/fused.py (ReLU² backward by hand" in got["fused"]["log"]
-    # sampling follows it: the default decode falls back to model.py with one line
-    said = got["decode_true"]["stderr"].splitlines()
-    fallback = [line for line in said if "does not match" in line]
-    assert len(fallback) == 1 and fallback[0].startswith("decode: gptkit/cpu_decode.py does not match model.py")
+    # sampling, chat and serving run the edited model.py, its Linears swapped (one more per block when added)
+    linears = 9 + 2 * (edit == "added")
+    for said in (got["decode_true"]["stderr"], got["serve"]["stderr"]):
+        assert f"decode: model.py's forward with its KV cache; {linears} nn.Linear -> NumPyLinear" in said
     assert got["decode_true"]["text"] == got["decode_false"]["text"]
+    assert got["logits_True"] == pytest.approx(got["logits_False"], abs=1e-5)
+    assert (got["logits_True"] == pytest.approx(unedited["logits_True"], abs=1e-4)) == same
+    assert got["chat_true"]["text"] == got["chat_false"]["text"]
+    assert got["serve"]["reply"] in got["chat_true"]["text"]

@@ -73,7 +73,7 @@ def api_key(cfg):
 
 def serve(model, tokenizer, summary, cfg, device, model_name, sock):
     """Run the server on the listening socket `sock` (from bind) until SIGINT or SIGTERM; 0 then."""
-    from gptkit.generate import make_decoder
+    from gptkit.generate import make_decoder, prepare_for_generating
     from gptkit.serve import api
     from gptkit.serve.app import build_app, run_server
     from gptkit.serve.worker import Worker
@@ -85,13 +85,14 @@ def serve(model, tokenizer, summary, cfg, device, model_name, sock):
     defaults = api.Sampling(max_new_tokens=1, temperature=0.0, top_k=None, top_p=None, min_p=None,
                             repetition_penalty=1.0, stop=None, seed=0, compile=cfg.compile,
                             cpu_decode=cfg.cpu_decode, dtype=cfg.dtype)
-    decoder = make_decoder(model, defaults, device, batch_size=1)  # made once, used by every request
+    path = prepare_for_generating(model, defaults, device)  # the weights' dtype, the CPU's parts
+    decoder = make_decoder(model, defaults, batch_size=1)  # made once, used by every request
     worker = Worker(model, tokenizer, device, decoder, cfg.queue_size)
     state = State(cfg, worker, tokenizer, model_name, chat, block, max_tokens, key, int(time.time()))
     app = build_app(state)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(summary, file=sys.stderr)
+    print(f"{summary}\n{path}", file=sys.stderr)
     warning = exposure_warning(cfg.host, key)
     if warning:
         print(warning, file=sys.stderr)
