@@ -62,6 +62,7 @@ def vocabulary_log_probs(logits):
     return F.log_softmax(logits.float(), dim=-1)
 
 
+@torch.no_grad()
 def score_rows(model, rows, device, autocast, batch_rows=32, keep=None, on_batch=None):
     """[(sum of the continuation's log probabilities, greedy)] for every row, where greedy
     says the likeliest token was the right one at every continuation position. `keep`,
@@ -126,6 +127,7 @@ def chat_prompt(tokenizer, text, block_size):
     return ids[-block_size:]
 
 
+@torch.no_grad()
 def last_logits(model, prompts, device, autocast):
     """The next-token logits after each prompt (a list of id lists), in one forward pass."""
     width = max(len(p) for p in prompts)
@@ -138,6 +140,7 @@ def last_logits(model, prompts, device, autocast):
     return logits[torch.arange(len(prompts), device=logits.device), last].float()
 
 
+@torch.no_grad()
 def generate_greedy(model, prompt, max_new, stop_ids, stop_texts, decode, device, autocast):
     """The text greedy decoding writes after `prompt`, up to a stop token or one of stop_texts."""
     from gptkit.generate import generate_stream
@@ -160,10 +163,9 @@ def base_number_answers(model, tokenizer, items, block_size, device, autocast, m
     """GSM8K for a base model: the text written after each item's prompt."""
     answers = []
     for item in items:
-        prompt = tokenizer.encode(item.pairs[0][0])[-(block_size - 1) :]
-        room = max(1, min(max_new, block_size - len(prompt)))
+        prompt = tokenizer.encode(item.pairs[0][0])[-block_size:]  # past the block, generation slides
         stops = [tokenizer.eot_id] if tokenizer.eot_id is not None else []
-        answers.append(generate_greedy(model, prompt, room, stops, ("\n\n", "Question:"), tokenizer.decode,
+        answers.append(generate_greedy(model, prompt, max_new, stops, ("\n\n", "Question:"), tokenizer.decode,
                                        device, autocast))
         if on_item is not None:
             on_item(1)
@@ -175,9 +177,8 @@ def chat_number_answers(model, tokenizer, items, block_size, device, autocast, m
     turns = turn_ids(tokenizer.vocab_size)
     answers = []
     for item in items:
-        prompt = chat_prompt(tokenizer, item.question, block_size - 1)
-        room = max(1, min(max_new, block_size - len(prompt)))
-        answers.append(generate_greedy(model, prompt, room, list(turns.values()), (), tokenizer.decode, device,
+        prompt = chat_prompt(tokenizer, item.question, block_size)
+        answers.append(generate_greedy(model, prompt, max_new, list(turns.values()), (), tokenizer.decode, device,
                                        autocast))
         if on_item is not None:
             on_item(1)
