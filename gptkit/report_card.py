@@ -23,20 +23,24 @@ def first_best(values):
     return max(range(len(values)), key=lambda i: (values[i], -i))
 
 
-def base_choices(candidate, items, settings, batch_rows, bar):
-    """(scored items, [(acc pick, acc_norm pick)], skipped) for a base model."""
-    tok, T = candidate.tokenizer, candidate.block_size
+def rows_by_item(tokenizer, items, block_size):
+    """(items that encode, their rows, one list per item, and how many were skipped)."""
     scored, rows, skipped = [], [], 0
     for item in items:
         try:
-            item_rows = ts.rows_of(tok.encode, item.pairs, T, tok.eot_id)
+            rows.append(ts.rows_of(tokenizer.encode, item.pairs, block_size, tokenizer.eot_id))
         except UserError:  # characters outside a character vocabulary
             skipped += 1
             continue
         scored.append(item)
-        rows += item_rows
-    results = ts.score_rows(candidate.model, rows, settings.device, settings.autocast, batch_rows,
-                            on_batch=bar.update if bar is not None else None)
+    return scored, rows, skipped
+
+
+def base_choices(candidate, items, settings, batch_rows, bar):
+    """(scored items, [(acc pick, acc_norm pick)], skipped) for a base model."""
+    scored, rows, skipped = rows_by_item(candidate.tokenizer, items, candidate.block_size)
+    results = ts.score_rows(candidate.model, [r for item_rows in rows for r in item_rows], settings.device,
+                            settings.autocast, batch_rows, on_batch=bar.update if bar is not None else None)
     picks, at = [], 0
     for item in scored:
         lls = [ll for ll, _ in results[at : at + len(item.pairs)]]
@@ -76,8 +80,8 @@ def score_task(candidate, task, items, settings, batch_rows=32, bar=None):
         line["acc"] = _mean(p == it.gold for p, it in zip(picks, scored))
         line["metric"] = "acc"
     elif task.kind == "word":
-        scored, skipped = encodable(items, lambda it: ts.rows_of(tok.encode, it.pairs, T, tok.eot_id))
-        rows = [ts.rows_of(tok.encode, it.pairs, T, tok.eot_id)[0] for it in scored]
+        scored, item_rows, skipped = rows_by_item(tok, items, T)
+        rows = [r[0] for r in item_rows]  # one continuation: the last word
         results = ts.score_rows(model, rows, settings.device, settings.autocast, batch_rows,
                                 on_batch=bar.update if bar is not None else None)
         picks = [greedy for _, greedy in results]

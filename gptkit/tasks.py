@@ -125,10 +125,14 @@ def cache_dir():
 def resolve_file(task, given=None, hub_url=None):
     """The file to read for `task`: `given`, or the cached copy, fetched when missing."""
     if given is not None:
-        if not given.is_file():
+        if not given.exists():
             raise UserError(f"{task.title} file {given} does not exist: pass {task.file.rsplit('/', 1)[-1]} "
                             f"(from {task.url(hub_url)})")
+        if not given.is_file():
+            raise UserError(f"{task.title} file {given} is not a file: pass {task.file.rsplit('/', 1)[-1]}")
         return given
+    if task.name == "hellaswag":  # the cache --hellaswag download fills
+        return hellaswag.resolve_file("download")
     from gptkit.interop.hf_gpt2 import DownloadFailed, download_file
 
     path = cache_dir() / task.name / task.file.rsplit("/", 1)[-1]

@@ -129,6 +129,8 @@ def test_bad_files_and_names_exit_2_with_one_line(tmp_path, char_runs, capsys):
     cases = [
         (["--tasks", "arc_easy", "--task_file", f"arc_easy={tmp_path / 'junk.parquet'}"], "not a readable parquet"),
         (["--tasks", "arc_easy", "--task_file", f"arc_easy={tmp_path / 'missing.parquet'}"], "does not exist"),
+        (["--tasks", "arc_easy", "--task_file", f"arc_easy={tmp_path}"], "is not a file"),
+        (["--tasks", "arc_easy", "--task_file", "arc_easy"], "write NAME=PATH"),
         (["--tasks", "arcc"], "unknown task 'arcc'"),
         (["--tasks", "piqa", "--task_file", f"arc_easy={tmp_path / 'x'}"], "which --tasks does not score"),
         (["--limit", "3", "--input", str(tmp_path / "junk.parquet")], "go with --tasks"),
