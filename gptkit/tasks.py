@@ -53,9 +53,7 @@ class Task:
     kind: str  # "choice" (multiple choice), "word" (LAMBADA's last word), "number" (GSM8K)
     repo: str | None  # the Hub dataset; None for HellaSwag's GitHub file
     file: str  # the file in that repository (or HellaSwag's file name)
-    split: str
     headline: str  # the metric the report card shows: "acc" or "acc_norm" (as lm-eval reports it)
-    source: str  # the format's origin, for the docs
 
     def url(self, hub_url=None):
         if self.repo is None:
@@ -65,21 +63,16 @@ class Task:
 
 
 TASKS = {t.name: t for t in (
-    Task("arc_easy", "ARC-Easy", "choice", "allenai/ai2_arc", "ARC-Easy/test-00000-of-00001.parquet", "test",
-         "acc_norm", "lm-eval arc_easy"),
+    Task("arc_easy", "ARC-Easy", "choice", "allenai/ai2_arc", "ARC-Easy/test-00000-of-00001.parquet", "acc_norm"),
     Task("arc_challenge", "ARC-Challenge", "choice", "allenai/ai2_arc", "ARC-Challenge/test-00000-of-00001.parquet",
-         "test", "acc_norm", "lm-eval arc_challenge"),
-    Task("piqa", "PIQA", "choice", "baber/piqa", "piqa_validation.parquet", "validation", "acc_norm", "lm-eval piqa"),
+         "acc_norm"),
+    Task("piqa", "PIQA", "choice", "baber/piqa", "piqa_validation.parquet", "acc_norm"),  # lm-eval's copy
     Task("winogrande", "Winogrande", "choice", "allenai/winogrande", "winogrande_xl/validation-00000-of-00001.parquet",
-         "validation", "acc", "lm-eval winogrande (partial scoring)"),
-    Task("hellaswag", "HellaSwag", "choice", None, hellaswag.FILE_NAME, "validation", "acc_norm",
-         "llm.c / lm-eval hellaswag (without lm-eval's text clean-up)"),
-    Task("mmlu", "MMLU", "choice", "cais/mmlu", "all/test-00000-of-00001.parquet", "test", "acc",
-         "lm-eval mmlu (zero-shot, letters)"),
-    Task("lambada", "LAMBADA", "word", "EleutherAI/lambada_openai", "data/lambada_test_en.jsonl", "test", "acc",
-         "lm-eval lambada_openai"),
-    Task("gsm8k", "GSM8K", "number", "openai/gsm8k", "main/test-00000-of-00001.parquet", "test", "acc",
-         "lm-eval gsm8k's prompt, zero-shot, the last number written"),
+         "acc"),
+    Task("hellaswag", "HellaSwag", "choice", None, hellaswag.FILE_NAME, "acc_norm"),
+    Task("mmlu", "MMLU", "choice", "cais/mmlu", "all/test-00000-of-00001.parquet", "acc"),
+    Task("lambada", "LAMBADA", "word", "EleutherAI/lambada_openai", "data/lambada_test_en.jsonl", "acc"),
+    Task("gsm8k", "GSM8K", "number", "openai/gsm8k", "main/test-00000-of-00001.parquet", "acc"),
 )}
 
 # Named sets: `core` for base models (nanochat's CORE idea: centered accuracy on
@@ -190,6 +183,15 @@ def _choice_item(where, context, options, gold, question, delimiter=" "):
 
 
 def arc(row, where):
+    """The Hub's rows, or AI2's own .jsonl (ARC-V1-Feb2018), whose "question" holds a
+    "stem" and "choices" as [{"text", "label"}]."""
+    if isinstance(row.get("question"), dict):
+        asked = row["question"]
+        listed = asked.get("choices")
+        if not (isinstance(listed, list) and all(isinstance(c, dict) for c in listed)):
+            raise UserError(f'{where}: "question.choices" must be a list of {{"text", "label"}} objects')
+        row = {"question": asked.get("stem"), "answerKey": row.get("answerKey"),
+               "choices": {"text": [c.get("text") for c in listed], "label": [c.get("label") for c in listed]}}
     question = _text(row, "question", where)
     choices = row.get("choices")
     if not isinstance(choices, dict):

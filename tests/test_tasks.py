@@ -18,7 +18,7 @@ from gptkit.errors import UserError, run_main
 from gptkit.evaluation import Candidate, Settings
 from gptkit.tokenizer import CharTokenizer
 from model import GPTConfig
-from task_files import FILES, GSM8K, write_rows, write_task
+from task_files import ARC, FILES, GSM8K, write_rows, write_task
 from train_helpers import perturbed_model, write_run
 
 pytest.importorskip("pyarrow")  # reads the Hub's parquet files (a test dependency)
@@ -84,6 +84,12 @@ def test_each_format_reads_into_lm_eval_style_pairs(task_folder):
     assert [len(it.pairs) for it in arc] == [4, 3, 5, 4, 4]
     assert [it.gold for it in arc] == [0, 1, 0, 1, 1]  # answerKey "2" of labels 1, 2, 3 is the second
     assert arc[0].pairs[0] == ("Question: Which of these is a planet?\nAnswer:", " Mars")
+    original = [{"id": r["id"], "question": {"stem": r["question"], "choices": [
+        {"text": t, "label": lab} for t, lab in zip(r["choices"]["text"], r["choices"]["label"])]},
+        "answerKey": r["answerKey"]} for r in ARC]  # AI2's own ARC-Easy-Test.jsonl
+    path = write_rows(task_folder / "ai2" / "ARC-Easy-Test.jsonl", original)
+    assert [(it.pairs, it.gold) for it in tasks.read_task(tasks.TASKS["arc_easy"], path)] == \
+        [(it.pairs, it.gold) for it in arc]
     piqa = read(task_folder, "piqa")
     assert piqa[1].pairs[1] == ("Question: How do I dry wet shoes?\nAnswer:",
                                 " Stuff them with newspaper and leave them in a warm room.")
