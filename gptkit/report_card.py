@@ -166,7 +166,10 @@ def card_table(results):
         for _, card in cards:
             line = card["tasks"][i]
             items = f"{line['items']:,}" + (f" ({line['skipped']:,} skipped)" if line["skipped"] else "")
-            cells += [items, _pct(line[line["metric"]]), _pct(line["centered"])]
+            value = _pct(line[line["metric"]])
+            if line["metric"] != first["metric"] or line["form"] != first["form"]:  # a chat model beside a base one
+                value += f" ({line['metric']}{', chat' if line['form'] == 'chat' else ''})"
+            cells += [items, value, _pct(line["centered"])]
         lines.append("| " + " | ".join(cells) + " |")
     cells = ["**summary**", "mean centered", ""]
     for _, card in cards:

@@ -335,3 +335,13 @@ def test_urls_follow_hf_endpoint(monkeypatch):
     monkeypatch.delenv("HF_ENDPOINT")
     assert tasks.TASKS["gsm8k"].url().startswith("https://huggingface.co/datasets/openai/gsm8k/")
     assert not math.isnan(tasks.random_baseline(tasks.TASKS["piqa"], [tasks.Item("w", [("a", "b")] * 2, 0)]))
+
+
+def test_a_chat_model_beside_a_base_model_says_which_metric_is_its_own(char_runs, task_folder, capsys):
+    assert eval_script.main([str(char_runs[0]), str(char_runs[2]), "--tasks", "arc_easy,lambada", "--no_progress",
+                             *file_args(task_folder, ["arc_easy", "lambada"])]) == 0
+    out = capsys.readouterr().out
+    arc = next(line for line in out.splitlines() if line.startswith("| ARC-Easy |"))
+    assert arc.startswith("| ARC-Easy | acc_norm |") and "(acc, chat)" in arc
+    lambada = next(line for line in out.splitlines() if line.startswith("| LAMBADA |"))
+    assert "chat" not in lambada  # LAMBADA stays plain text for a chat model
