@@ -195,6 +195,34 @@ def test_scoring_never_looks_at_the_answer(char_runs, task_folder):
         assert line["acc"] == expected
 
 
+class Sealed(tasks.Item):
+    """An item whose gold answer cannot be read."""
+
+    @property
+    def gold(self):
+        raise AssertionError("scoring read the gold answer")
+
+    @gold.setter
+    def gold(self, value):
+        pass
+
+
+def sealed(items):
+    return [Sealed(it.where, it.pairs, None, it.question, it.options, it.choice_texts) for it in items]
+
+
+def test_the_scorers_run_on_items_whose_answer_cannot_be_read(char_runs, task_folder):
+    base, chat = candidate(char_runs[0]), candidate(char_runs[2])
+    arc, lam = read(task_folder, "arc_easy"), read(task_folder, "lambada")
+    _, picks, _ = report_card.base_choices(base, sealed(arc), SETTINGS, 32, None)
+    assert picks == report_card.score_task(base, tasks.TASKS["arc_easy"], arc, SETTINGS)["predictions"]
+    letters = task_scoring.chat_choices(chat.model, chat.tokenizer, sealed(arc), chat.block_size, SETTINGS.device,
+                                        SETTINGS.autocast)
+    assert letters == report_card.score_task(chat, tasks.TASKS["arc_easy"], arc, SETTINGS)["predictions"]
+    _, rows, _ = report_card.rows_by_item(base.tokenizer, sealed(lam), base.block_size)
+    assert len(task_scoring.score_rows(base.model, [r[0] for r in rows], SETTINGS.device, SETTINGS.autocast)) == 2
+
+
 def test_a_chat_model_answers_with_the_letter_it_likes_best(char_runs, task_folder):
     cand = candidate(char_runs[2])
     tok = cand.tokenizer
