@@ -11,6 +11,7 @@
     python bench.py budget      # configs/shakespeare_10min.py vs nanoGPT at 300/600/1200 CPU s (~70 min)
     python bench.py gpt2_cpu    # GPT-2 124M batch-1 sampling: ours vs transformers vs llama.cpp
     python bench.py chat_step   # chat training's step: the output layer on target positions only (GPT-2's shape)
+    python bench.py tasks       # eval.py --tasks' multiple-choice scoring vs lm-evaluation-harness: items per CPU s
     python bench.py serve       # serve.py: time to first token, tokens/s for 1, 4, 16 streams (vs llama-cpp-python)
     python bench.py all         # prepare, train and sample in one go
 
@@ -45,6 +46,7 @@ SUITES = {
     "gpt2_cpu": "benchmarks.bench_gpt2_cpu",
     "serve": "benchmarks.bench_serve",
     "chat_step": "benchmarks.bench_chat_step",
+    "tasks": "benchmarks.bench_tasks",
 }
 ALL = ["prepare", "train", "sample"]  # speedrun takes ~15 minutes on its own
 RESULTS = Path(__file__).resolve().parent / "benchmarks" / "LOG.md"

@@ -5,6 +5,8 @@
     python eval.py --init_from gpt2 --input held_out.txt --stride 512
     python eval.py out-shakespeare --init_from gpt2 --hellaswag download --json results.json
     python eval.py out-chat-arithmetic --dataset arithmetic_chat --exact_match   # a chat split: replies' loss, exact match
+    python eval.py out-a out-b --tasks core                        # the report card: ARC, PIQA, Winogrande, ...
+    python eval.py out-chat --tasks chat --json card.json          # a chat model: letters and GSM8K as a conversation
     python eval.py plot out-a out-b --out runs.png                  # loss curves from metrics.jsonl
     zcat web.txt.gz | python eval.py out-a --input - --max_tokens 100000   # a stream, read only that far
 
@@ -17,7 +19,10 @@ tokenizer. Reported: loss (nats per token), perplexity, bits per byte (total
 nats / (ln 2 x the UTF-8 bytes of the scored tokens), comparable across
 tokenizers) and the token and byte counts; with --hellaswag FILE also HellaSwag
 accuracy in its completion form (acc: the ending with the lowest summed token
-loss; acc_norm: the lowest mean, llm.c's figure). Errors exit with code 2.
+loss; acc_norm: the lowest mean, llm.c's figure). With --tasks the standard tasks
+(ARC, PIQA, Winogrande, HellaSwag, MMLU, LAMBADA, GSM8K; gptkit/tasks.py) are scored
+as lm-evaluation-harness scores them and printed as one report card with its
+centered-accuracy summary (gptkit/report_card.py). Errors exit with code 2.
 
 `eval.py plot OUT_DIR ...` draws the training curves instead: train and val loss
 and the learning rate of each run, from its metrics.jsonl (gptkit/plot.py; needs
@@ -32,9 +37,9 @@ from gptkit.errors import quiet_start
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 import torch
 
-from gptkit import evaluation, hellaswag
+from gptkit import evaluation, hellaswag, tasks
 from gptkit.device import DTYPES, resolve_device, training_dtype
-from gptkit.errors import ArgumentParser, run_main
+from gptkit.errors import ArgumentParser, UserError, run_main
 from gptkit.paths import claim_output
 
 
@@ -53,11 +58,21 @@ def parse_args(argv):
     parser.add_argument("--split", choices=("val", "train"), default="val", help="with --dataset (default: %(default)s)")
     parser.add_argument("--data_dir", default="data", help="folder holding the dataset folders (default: %(default)s)")
     parser.add_argument("--hellaswag", metavar="FILE", help=f"{hellaswag.FILE_NAME}, or 'download' to fetch it once")
+    parser.add_argument("--tasks", metavar="NAMES",
+                        help=f"standard tasks, comma-separated: {', '.join(tasks.TASKS)}, or a set: "
+                        + "; ".join(f"{k} ({', '.join(v)})" for k, v in tasks.SETS.items() if k != "all") + "; all")
+    parser.add_argument("--task_file", action="append", default=[], metavar="NAME=PATH",
+                        help="read a task from its publisher's file (.parquet or .jsonl) instead of fetching it "
+                        "by name (repeatable)")
+    parser.add_argument("--limit", type=int, help="with --tasks: score only each task's first N items")
+    parser.add_argument("--hub_url", help="with --tasks: the Hugging Face Hub's base address, for a mirror "
+                        f"(default: $HF_ENDPOINT or {tasks.HUB_URL})")
     parser.add_argument("--exact_match", action="store_true",
                         help="with a chat --dataset: also the share of its assistant replies written exactly (greedy, "
                         "given the conversation before each)")
     parser.add_argument("--stride", type=int, help="tokens the window moves each step (default: each model's block_size)")
-    parser.add_argument("--batch_size", type=int, default=8, help="windows per forward pass (default: %(default)s)")
+    parser.add_argument("--batch_size", type=int,
+                        help="sequences per forward pass (default: 8 windows of text, 32 task answers)")
     parser.add_argument("--max_tokens", type=int,
                         help="score only the first N tokens of the text or split (the text is read only that far)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
@@ -69,17 +84,33 @@ def parse_args(argv):
     problems = []
     if not args.models and not args.init_from:
         problems.append("give at least one checkpoint or out_dir, or --init_from gpt2")
-    if not (args.input or args.dataset or args.hellaswag):
-        problems.append("say what to score: --input PATH, --dataset NAME or --hellaswag FILE")
-    for name, low in (("stride", 1), ("batch_size", 1), ("max_tokens", 2)):
+    if not (args.input or args.dataset or args.hellaswag or args.tasks):
+        problems.append("say what to score: --input PATH, --dataset NAME, --hellaswag FILE or --tasks NAMES")
+    for name, low in (("stride", 1), ("batch_size", 1), ("max_tokens", 2), ("limit", 1)):
         value = getattr(args, name)
         if value is not None and value < low:
             problems.append(f"--{name} must be at least {low}, not {value}")
     if args.exact_match and not args.dataset:
         problems.append("--exact_match scores a chat dataset's replies: give --dataset NAME")
+    if (args.task_file or args.limit or args.hub_url) and not args.tasks:
+        problems.append("--task_file, --limit and --hub_url go with --tasks NAMES")
     if problems:
         parser.error("; ".join(problems))
     return args
+
+
+def read_tasks(args):
+    """[(Task, items)] of --tasks, each read (fetched by name when no --task_file names it) before any model loads."""
+    files = tasks.parse_files(args.task_file)
+    names = tasks.parse_names(args.tasks)
+    unused = sorted(set(files) - set(names))
+    if unused:
+        raise UserError(f"--task_file names {', '.join(unused)}, which --tasks does not score")
+    out = []
+    for name in names:
+        task = tasks.TASKS[name]
+        out.append((task, tasks.read_task(task, tasks.resolve_file(task, files.get(name), args.hub_url), args.limit)))
+    return out
 
 
 def plot_main(argv):
@@ -109,7 +140,7 @@ def main(argv=None):
         return plot_main(argv[1:])
     args = parse_args(argv)
     device = resolve_device(args.device)
-    settings = evaluation.Settings(device, training_dtype(args.dtype, device), args.batch_size, args.stride,
+    settings = evaluation.Settings(device, training_dtype(args.dtype, device), args.batch_size or 8, args.stride,
                                    args.max_tokens, progress=not args.no_progress)
     if args.json and args.json != "-":  # before any work: a destination that cannot be written fails now
         args.json = claim_output(args.json, "file", overwrite=True, what="--json")
@@ -117,12 +148,14 @@ def main(argv=None):
     texts = evaluation.InputText(args.input) if args.input else None
     split = (args.data_dir, args.dataset, args.split) if args.dataset else None
     items = hellaswag.read_items(hellaswag.resolve_file(args.hellaswag)) if args.hellaswag else None
+    task_items = read_tasks(args) if args.tasks else None
     source = " ".join(args.input) if args.input else f"{args.dataset}/{args.split}" if args.dataset else None
 
     results = []
     for spec, init_from in [(m, False) for m in args.models] + [(m, True) for m in args.init_from]:
         candidate = evaluation.load_candidate(spec, init_from)
-        result = evaluation.evaluate_candidate(candidate, settings, texts, split, items, args.exact_match)
+        result = evaluation.evaluate_candidate(candidate, settings, texts, split, items, args.exact_match,
+                                               task_items, args.batch_size or 32)
         print(candidate.summary, file=sys.stderr)  # after the checks: a mistake's error is the only line
         if result.score is not None:
             s = result.score
@@ -144,6 +177,11 @@ def main(argv=None):
         for result in results:
             if result.exact_match is not None:
                 print(evaluation.exact_match_lines(result))
+        if task_items:
+            from gptkit.report_card import card_table
+
+            print(card_table(results))
+            print("centered = (acc - random) / (1 - random); summary: their mean over the tasks (docs/evaluation.md)")
         if items is not None:
             print("HellaSwag: acc picks the ending with the lowest summed token loss, acc_norm the lowest mean; chance is 25%")
     return 0

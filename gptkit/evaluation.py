@@ -75,6 +75,7 @@ class Result:
     seconds: float | None = None
     hellaswag: dict | None = None
     exact_match: dict | None = None  # "single", "multi": (replies written exactly, replies)
+    tasks: dict | None = None  # the report card (gptkit/report_card.py): "tasks", "summary"
     notes: list = field(default_factory=list)
 
     def to_dict(self):
@@ -88,6 +89,10 @@ class Result:
         if self.exact_match is not None:
             out["exact_match"] = {kind: {"exact": exact, "replies": total, "rate": exact / total if total else None}
                                   for kind, (exact, total) in self.exact_match.items()}
+        if self.tasks is not None:
+            from gptkit.report_card import card_json
+
+            out["tasks"] = card_json(self.tasks)
         return out
 
 
@@ -385,8 +390,10 @@ def exact_match_lines(result):
             f"sessions of {SESSION_CONVERSATIONS} conversations, each reply after the model's own earlier ones)")
 
 
-def evaluate_candidate(candidate, settings, texts=None, split=None, hellaswag_items=None, exact_match=False):
-    """Move the model to the device, score what was asked, and free it again: a Result."""
+def evaluate_candidate(candidate, settings, texts=None, split=None, hellaswag_items=None, exact_match=False,
+                       tasks=None, task_rows=32):
+    """Move the model to the device, score what was asked, and free it again: a Result.
+    tasks: [(gptkit.tasks.Task, items)] for the report card, task_rows sequences a pass."""
     result = Result(candidate.name, candidate.model.num_params(), candidate.tokenizer_name, candidate.tokens_seen)
     model = candidate.model.to(settings.device)
     try:
@@ -412,6 +419,14 @@ def evaluate_candidate(candidate, settings, texts=None, split=None, hellaswag_it
             if result.hellaswag["skipped"]:
                 result.notes.append(f"HellaSwag: {result.hellaswag['skipped']} of {len(hellaswag_items)} items skipped "
                                     "(characters outside the vocabulary)")
+        if tasks:
+            from gptkit.report_card import score_tasks
+
+            result.tasks = score_tasks(candidate, tasks, settings, task_rows, progress_bar)
+            for line in result.tasks["tasks"]:
+                if line["skipped"]:
+                    result.notes.append(f"{line['title']}: {line['skipped']:,} of {line['skipped'] + line['items']:,} "
+                                        "items skipped (text this tokenizer cannot encode)")
     finally:
         candidate.model.to("cpu")
     return result

@@ -1,5 +1,6 @@
 """bench.py's command line: its own flags go before or after the suite's name."""
 
+import pytest
 import torch
 
 import bench
@@ -44,3 +45,25 @@ def test_the_chat_step_suite_times_each_share_against_every_position_scored():
         torch.set_num_threads(threads)
     assert [row[0] for row in table.rows] == ["25%", "100%"] and table.rows[1][1] == "16"
     assert 0 < int(table.rows[0][1]) < 16 and table.rows[1][3] == "1.00x"
+
+
+@pytest.mark.slow
+def test_the_tasks_suite_scores_the_same_items_as_lm_eval(monkeypatch, tiktoken_available):
+    import argparse
+
+    pytest.importorskip("lm_eval")
+    from benchmarks import bench_tasks
+
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(name, "1")  # the suite sets them: monkeypatch puts them back after
+    parser = argparse.ArgumentParser()
+    bench_tasks.add_arguments(parser)
+    threads = torch.get_num_threads()
+    try:
+        (table,) = bench_tasks.run(parser.parse_args(["--items", "6", "--n_layer", "1", "--n_embd", "32",
+                                                      "--block_size", "64", "--repeats", "1"]))
+    finally:
+        torch.set_num_threads(threads)
+    assert [row[0] for row in table.rows] == ["eval.py --tasks", "lm-evaluation-harness"]
+    assert all(row[4] == "6/6 items" for row in table.rows) and table.rows[1][3] == "1.00x"
+    assert all(float(row[2].replace(",", "")) > 0 for row in table.rows)
