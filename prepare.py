@@ -71,7 +71,12 @@ def build_parser():
                         "with --format chat, the name of yours")
     parser.add_argument(
         "--input", nargs="+", metavar="PATH",
-        help="text file(s), folder(s) of .txt, .jsonl file(s), a pipe or <(command), or - for standard input",
+        help="text file(s), .jsonl or .parquet file(s), folder(s) of .txt and .parquet, a pipe or <(command), "
+        "or - for standard input",
+    )
+    parser.add_argument(
+        "--text_column", default=None, metavar="NAME",
+        help="the column of .parquet inputs that holds the text (default text)",
     )
     parser.add_argument(
         "--tokenizer",
@@ -131,11 +136,11 @@ def main(argv=None):
         raise UserError("--block_size goes with --format chat (a text dataset is cut into windows by train.py)")
     if args.dataset is not None:
         check_dataset_name(args.dataset)
-        own = (args.tokenizer, args.name, args.val_fraction, args.vocab_size, args.tokenizer_from)
+        own = (args.tokenizer, args.name, args.val_fraction, args.vocab_size, args.tokenizer_from, args.text_column)
         if any(v is not None for v in own):
             raise UserError(
                 f"{args.dataset} fixes the tokenizer, name and split; --tokenizer, --name, --val_fraction, "
-                "--vocab_size and --tokenizer_from go with --input for your own data"
+                "--vocab_size, --tokenizer_from and --text_column go with --input for your own data"
             )
         if args.input is not None and len(args.input) != 1:
             raise UserError(f"{args.dataset} takes one --input file (a copy of Tiny Shakespeare)")
@@ -162,6 +167,7 @@ def main(argv=None):
         progress,
         vocab_size=args.vocab_size,
         tokenizer_from=args.tokenizer_from,
+        text_column=args.text_column or "text",
     )
     return 0
 

@@ -109,7 +109,9 @@ def signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
             signal.raise_signal(s)
 
 
-def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool, workers, chunk_chars, bar, bpe=None):
+def write_dataset(
+    folder, make_segments, sources, errors, kind, scan, rule, pool, workers, chunk_chars, bar, bpe=None, extra_meta=None
+):
     """Pass 2: tokenize into temporary bins, then rename train.bin, val.bin (tokenizer.json)
     and meta.json into place. `bpe` is the BPETokenizer when kind is 'bpe'."""
     if kind == "bpe":
@@ -167,6 +169,7 @@ def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool
             "num_tokens": counts,
             "sources": scan.sources,
             "split": rule,
+            **(extra_meta or {}),
         }
         meta["fingerprint"] = fingerprint(meta)
         write_synced(tmp["meta.json"], meta_json(meta))
@@ -246,8 +249,12 @@ def prepare_dataset(
     vocab_size=None,
     tokenizer_from=None,
     chunk_chars=CHUNK_CHARS,
+    text_column="text",
+    extra_meta=None,
 ):
-    """Tokenize `inputs` (paths: text files, folders of .txt, .jsonl) into out_dir/name; return the folder.
+    """Tokenize `inputs` (paths: text files, .jsonl, .parquet, folders of .txt and .parquet) into
+    out_dir/name; return the folder. `text_column` is the column read from Parquet files;
+    `extra_meta` (a dict) is added to meta.json (a named corpus says where it came from).
 
     tokenizer 'bpe' trains a BPE of `vocab_size` ids on the training split, or reuses
     the one at `tokenizer_from` (a dataset folder, out_dir, checkpoint or tokenizer.json)."""
@@ -263,7 +270,9 @@ def prepare_dataset(
     # The destination before any input is read: a folder that cannot be written fails now,
     # not after the scan and the BPE training.
     folder = claim_output(Path(out_dir) / name, "folder", overwrite=True, what="the dataset folder (--data_dir/--name)")
-    sources = resolve_inputs([str(p) for p in inputs])
+    sources = resolve_inputs([str(p) for p in inputs], text_column)
+    if text_column != "text" and not any(s.kind == "parquet" for s in sources):
+        raise UserError(f"--text_column {text_column} names a Parquet column, but no input is a .parquet file")
     shown = ", ".join(str(p) for p in inputs)
     if tokenizer == "gpt2":
         load_gpt2_encoding()  # here, in one process: offline without tiktoken's files is one clear line
@@ -297,7 +306,8 @@ def prepare_dataset(
                 vocab_size = GPT2_VOCAB_SIZE
             with progress_bar(progress, total_bytes, "tokenize") as bar:
                 meta = write_dataset(
-                    folder, make_segments, sources, errors, tokenizer, scan, rule, pool, workers, chunk_chars, bar, bpe
+                    folder, make_segments, sources, errors, tokenizer, scan, rule, pool, workers, chunk_chars, bar, bpe,
+                    extra_meta,
                 )
         finally:
             _clean_up(pool, copies)
