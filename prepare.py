@@ -15,7 +15,7 @@ from gptkit.errors import quiet_start
 
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 from gptkit.errors import ArgumentParser, UserError, run_main
-from gptkit.prepare.build import NAMED_DATASETS, check_dataset_name, prepare_dataset
+from gptkit.prepare.build import DOWNLOADED_CORPORA, NAMED_DATASETS, check_dataset_name, prepare_dataset
 from gptkit.prepare.named import prepare_named
 from gptkit.prepare.shakespeare import SHAKESPEARE_URL
 
@@ -121,6 +121,17 @@ def build_parser():
         "--block_size", type=int, default=None, metavar="N",
         help="with --format chat: a conversation longer than N + 1 tokens is an error (or skipped with --errors skip)",
     )
+    parser.add_argument(
+        "--sample", metavar="NAME", help="fineweb_edu: which published sample, 10BT (default), 100BT or 350BT",
+    )
+    parser.add_argument(
+        "--shards", type=int, default=None, metavar="N",
+        help="openwebtext, fineweb_edu: only the first N Parquet files (default: all of the sample)",
+    )
+    parser.add_argument(
+        "--base_url", metavar="URL",
+        help="openwebtext, fineweb_edu: where the files are (default $HF_ENDPOINT, else https://huggingface.co)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
@@ -142,14 +153,20 @@ def main(argv=None):
                 f"{args.dataset} fixes the tokenizer, name and split; --tokenizer, --name, --val_fraction, "
                 "--vocab_size, --tokenizer_from and --text_column go with --input for your own data"
             )
-        if args.input is not None and len(args.input) != 1:
+        amount = {k: v for k in ("sample", "shards", "base_url") if (v := getattr(args, k)) is not None}
+        if args.dataset in DOWNLOADED_CORPORA:
+            if args.input is not None:
+                raise UserError(f"{args.dataset} is downloaded: for local Parquet files use --input PATH "
+                                "--tokenizer gpt2 --name NAME (or --base_url for a mirror)")
+            amount["base"] = amount.pop("base_url", None)
+        elif args.input is not None and len(args.input) != 1:
             raise UserError(f"{args.dataset} takes one --input file (a copy of Tiny Shakespeare)")
         input_path = args.input[0] if args.input else None
-        prepare_named(args.dataset, args.data_dir, input_path, workers=args.workers, progress=progress)
+        prepare_named(args.dataset, args.data_dir, input_path, workers=args.workers, progress=progress, **amount)
         return 0
     if args.input is None:
         raise UserError(
-            "nothing to prepare: give a dataset name (shakespeare_char, shakespeare, arithmetic_chat) or "
+            f"nothing to prepare: give a dataset name ({', '.join(NAMED_DATASETS)}) or "
             "--input PATH --tokenizer {char,gpt2,bpe} --name NAME (see python prepare.py --help)"
         )
     if args.tokenizer is None:

@@ -48,7 +48,9 @@ TOKENIZERS = ("char", "gpt2", "bpe")
 GPT2_VOCAB_SIZE = 50257
 
 SHAKESPEARE_DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2"}
-NAMED_DATASETS = {**SHAKESPEARE_DATASETS, "arithmetic_chat": "char"}  # arithmetic_chat: gptkit/prepare/arithmetic.py
+DOWNLOADED_CORPORA = {"openwebtext": "gpt2", "fineweb_edu": "gpt2"}  # gptkit/prepare/corpora.py
+# arithmetic_chat: gptkit/prepare/arithmetic.py
+NAMED_DATASETS = {**SHAKESPEARE_DATASETS, "arithmetic_chat": "char", **DOWNLOADED_CORPORA}
 
 
 # ---------------------------------------------------------------- writing

@@ -1,0 +1,115 @@
+"""The web corpora prepare.py downloads by name, from the Parquet files their publishers host.
+
+    python prepare.py openwebtext                     # all of OpenWebText (80 files, ~9B tokens)
+    python prepare.py fineweb_edu --shards 1          # one file of FineWeb-Edu's 10BT sample
+    python prepare.py fineweb_edu --sample 100BT      # the 100B-token sample
+
+The files are listed through the Hub's tree API (with their sizes and sha256),
+downloaded into data/NAME/download/ (as Tiny Shakespeare's input.txt is kept in
+data/NAME/; gptkit/prepare/download.py: resumable, checked), then tokenized with
+GPT-2 BPE into data/NAME/{train.bin, val.bin, meta.json} as any --input is
+(gptkit/prepare/build.py). A run that finds the same files already prepared
+does nothing. The address is --base_url, else $HF_ENDPOINT (the variable the Hub's
+own tools and its mirrors use), else https://huggingface.co.
+"""
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptkit.errors import UserError
+from gptkit.lock import FolderLock
+
+DEFAULT_BASE = "https://huggingface.co"
+VAL_FRACTION = 0.0005  # nanoGPT's openwebtext/prepare.py holds out this share of documents
+
+
+@dataclass(frozen=True)
+class Corpus:
+    repo: str
+    revision: str
+    samples: dict  # sample name -> folder in the repository
+    default_sample: str
+    about: str
+
+
+CORPORA = {
+    # The Hub's Parquet conversion of Skylion007/openwebtext (the dataset nanoGPT's prepare.py loads).
+    "openwebtext": Corpus(
+        "Skylion007/openwebtext", "refs/convert/parquet", {"all": "plain_text/train"}, "all",
+        "OpenWebText: 8,013,769 web pages, ~9B GPT-2 tokens, ~40 GB of Parquet",
+    ),
+    "fineweb_edu": Corpus(
+        "HuggingFaceFW/fineweb-edu", "main",
+        {"10BT": "sample/10BT", "100BT": "sample/100BT", "350BT": "sample/350BT"}, "10BT",
+        "FineWeb-Edu's samples of 10B, 100B or 350B GPT-2 tokens (~2 GB of Parquet a file)",
+    ),
+}
+
+
+def base_url(given=None):
+    return (given or os.environ.get("HF_ENDPOINT") or DEFAULT_BASE).rstrip("/")
+
+
+def check_amount(name, sample, shards):
+    corpus = CORPORA[name]
+    sample = sample or corpus.default_sample
+    if sample not in corpus.samples:
+        raise UserError(f"{name} has no sample {sample!r}: choose one of {', '.join(corpus.samples)}")
+    if shards is not None and shards < 1:
+        raise UserError(f"--shards must be at least 1, got {shards}")
+    return sample
+
+
+def prepare_corpus(name, out_dir="data", *, sample=None, shards=None, base=None, workers=None, progress=True):
+    """Download the first `shards` files (all when None) of `sample` and prepare data/NAME."""
+    from gptkit.prepare.build import prepare_dataset, progress_bar
+    from gptkit.prepare.download import fetch, list_files, resolve_url
+    from gptkit.paths import claim_output
+
+    corpus = CORPORA[name]
+    sample = check_amount(name, sample, shards)
+    base = base_url(base)
+    folder = claim_output(Path(out_dir) / name, "folder", overwrite=True, what="the dataset folder (--data_dir)")
+    files = list_files(base, corpus.repo, corpus.revision, corpus.samples[sample])
+    if shards is not None:
+        if shards > len(files):
+            raise UserError(f"{name} {sample} has {len(files)} files; --shards {shards} asks for more")
+        files = files[:shards]
+    described = {
+        "name": name, "repo": corpus.repo, "revision": corpus.revision, "sample": sample,
+        "files": [{"path": f.path, "bytes": f.size, "sha256": f.sha256} for f in files],
+    }
+    if already_prepared(folder, described):
+        if progress:
+            print(f"{folder} already holds these {len(files)} file(s) of {name}: nothing to do", file=sys.stderr)
+        return folder
+    downloads = folder / "download"
+    downloads.mkdir(parents=True, exist_ok=True)
+    total = sum(f.size for f in files)
+    with FolderLock(downloads, "prepare.py", "wait for it"), progress_bar(progress, total, "download") as bar:
+        paths = [
+            fetch(resolve_url(base, corpus.repo, corpus.revision, f.path), downloads / f.path, f.size, f.sha256, bar)
+            for f in files
+        ]
+    return prepare_dataset(
+        paths, "gpt2", name, out_dir, VAL_FRACTION, workers=workers, progress=progress,
+        extra_meta={"corpus": described | {"url": base}},
+    )
+
+
+def already_prepared(folder, described):
+    """True when folder's meta.json was made from exactly these files."""
+    import json
+
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    found = meta.get("corpus") if isinstance(meta, dict) else None
+    if not isinstance(found, dict):
+        return False
+    return {k: v for k, v in found.items() if k != "url"} == described and all(
+        (folder / split).is_file() for split in ("train.bin", "val.bin")
+    )

@@ -1,0 +1,174 @@
+"""prepare.py openwebtext / fineweb_edu against a stand-in Hub on 127.0.0.1 (tests/hub_server.py):
+a full download equals the same texts given as .jsonl, a cut download resumes with a Range
+request to the same bins, damaged, short and missing shards are refused in one line."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import prepare
+from gptkit.errors import UserError
+from hub_server import FakeHub, fineweb_edu_table, openwebtext_table, random_texts
+from repo import REPO
+
+pytestmark = pytest.mark.usefixtures("tiktoken_available")
+
+FW_REPO, FW_REV, FW_FOLDER = "HuggingFaceFW/fineweb-edu", "main", "sample/10BT"
+OWT_REPO, OWT_REV, OWT_FOLDER = "Skylion007/openwebtext", "refs/convert/parquet", "plain_text/train"
+SHARD_ROWS = 300
+
+
+@pytest.fixture
+def hub(tmp_path):
+    hub = FakeHub(tmp_path / "hub")
+    for shard in range(3):
+        texts = random_texts(SHARD_ROWS, seed=shard)
+        hub.add(FW_REPO, FW_REV, f"{FW_FOLDER}/{shard:03d}_00000.parquet", fineweb_edu_table(texts, shard))
+    for shard in range(2):
+        texts = random_texts(SHARD_ROWS, seed=10 + shard)
+        hub.add(OWT_REPO, OWT_REV, f"{OWT_FOLDER}/{shard:04d}.parquet", openwebtext_table(texts, shard))
+    hub.start()
+    yield hub
+    hub.stop()
+
+
+def run(hub, data, *args):
+    return prepare.main([*args, "--data_dir", str(data), "--base_url", hub.url, "--quiet", "--workers", "1"])
+
+
+def bins(folder):
+    meta = json.loads((folder / "meta.json").read_text())
+    return meta, *(np.fromfile(folder / f"{s}.bin", dtype=meta["dtype"]) for s in ("train", "val"))
+
+
+def as_jsonl(tmp_path, seeds):
+    path = tmp_path / "same.jsonl"
+    with open(path, "w") as f:
+        for seed in seeds:
+            for text in random_texts(SHARD_ROWS, seed):
+                f.write(json.dumps({"text": text}) + "\n")
+    return path
+
+
+def test_fineweb_edu_downloads_and_equals_the_same_texts_as_jsonl(hub, tmp_path):
+    data = tmp_path / "data"
+    run(hub, data, "fineweb_edu", "--shards", "2")
+    meta, train, val = bins(data / "fineweb_edu")
+    jsonl = as_jsonl(tmp_path, [0, 1])
+    prepare.main(["--input", str(jsonl), "--tokenizer", "gpt2", "--name", "ref", "--val_fraction", "0.0005",
+                  "--data_dir", str(data), "--quiet", "--workers", "1"])
+    _, ref_train, ref_val = bins(data / "ref")
+    assert np.array_equal(train, ref_train) and np.array_equal(val, ref_val)
+    files = meta["corpus"]["files"]
+    assert [f["path"] for f in files] == [f"{FW_FOLDER}/000_00000.parquet", f"{FW_FOLDER}/001_00000.parquet"]
+    assert meta["corpus"]["sample"] == "10BT" and meta["corpus"]["url"] == hub.url
+    for f in files:  # kept in the dataset's download folder, checked against the published sha256
+        local = data / "fineweb_edu" / "download" / f["path"]
+        assert local.read_bytes() == hub.file(FW_REPO, FW_REV, f["path"]).read_bytes()
+    assert [s["sha256"] for s in meta["sources"]] == [f["sha256"] for f in files]
+    assert not list((data / "fineweb_edu").rglob("*.part"))
+
+    # Again: only the listing is asked for; nothing is downloaded or encoded.
+    hub.requests.clear()
+    before = (data / "fineweb_edu" / "train.bin").stat().st_mtime_ns
+    run(hub, data, "fineweb_edu", "--shards", "2")
+    assert [p for p, _ in hub.requests] == [f"/api/datasets/{FW_REPO}/tree/{FW_REV}/{FW_FOLDER}"]
+    assert (data / "fineweb_edu" / "train.bin").stat().st_mtime_ns == before
+
+    # One more shard: only that one is downloaded.
+    hub.requests.clear()
+    run(hub, data, "fineweb_edu", "--shards", "3")
+    assert [p for p, _ in hub.requests if "/resolve/" in p] == [
+        f"/datasets/{FW_REPO}/resolve/{FW_REV}/{FW_FOLDER}/002_00000.parquet"]
+    assert len(bins(data / "fineweb_edu")[0]["corpus"]["files"]) == 3
+
+
+def test_openwebtext_layout_and_revision(hub, tmp_path):
+    data = tmp_path / "data"
+    run(hub, data, "openwebtext")
+    meta, train, val = bins(data / "openwebtext")
+    assert meta["corpus"]["revision"] == "refs/convert/parquet" and len(meta["corpus"]["files"]) == 2
+    assert any(p == f"/datasets/{OWT_REPO}/resolve/refs/convert/parquet/{OWT_FOLDER}/0000.parquet"
+               for p, _ in hub.requests)
+    assert meta["split"]["num_documents"] == 2 * SHARD_ROWS and meta["split"]["num_val_documents"] == 1
+    assert meta["eot_id"] == 50256 and (train == 50256).sum() + (val == 50256).sum() == 2 * SHARD_ROWS
+
+
+def test_cut_download_resumes_with_range_to_the_same_bins(hub, tmp_path):
+    whole = tmp_path / "whole"
+    run(hub, whole, "fineweb_edu", "--shards", "2")
+    target = f"{FW_FOLDER}/001_00000.parquet"
+    size = hub.file(FW_REPO, FW_REV, target).stat().st_size
+    hub.cut_once[target] = size // 3
+    data = tmp_path / "data"
+    with pytest.raises(UserError, match="download of .*001_00000.parquet stopped .*run again to continue"):
+        run(hub, data, "fineweb_edu", "--shards", "2")
+    part = data / "fineweb_edu" / "download" / (target + ".part")
+    assert part.stat().st_size == size // 3
+    assert (data / "fineweb_edu" / "download" / FW_FOLDER / "000_00000.parquet").is_file()
+    assert not (data / "fineweb_edu" / "meta.json").exists()
+    hub.requests.clear()
+    run(hub, data, "fineweb_edu", "--shards", "2")
+    assert [(p.rsplit("/", 1)[1], r) for p, r in hub.requests if "/resolve/" in p] == [
+        ("001_00000.parquet", f"bytes={size // 3}-")]  # the finished shard is not fetched again
+    for split in ("train.bin", "val.bin"):
+        assert (data / "fineweb_edu" / split).read_bytes() == (whole / "fineweb_edu" / split).read_bytes()
+
+
+def test_server_that_ignores_range_restarts_the_file(hub, tmp_path):
+    target = f"{FW_FOLDER}/000_00000.parquet"
+    hub.cut_once[target] = 1000
+    data = tmp_path / "data"
+    with pytest.raises(UserError, match="stopped"):
+        run(hub, data, "fineweb_edu", "--shards", "1")
+    hub.ignore_range = True
+    run(hub, data, "fineweb_edu", "--shards", "1")
+    local = data / "fineweb_edu" / "download" / target
+    assert local.read_bytes() == hub.file(FW_REPO, FW_REV, target).read_bytes()
+
+
+def test_damaged_short_and_missing_shards_are_refused(hub, tmp_path):
+    data = tmp_path / "data"
+    target = f"{FW_FOLDER}/000_00000.parquet"
+    local = data / "fineweb_edu" / "download" / target
+    hub.corrupt.add(target)
+    with pytest.raises(UserError, match=r"000_00000.parquet arrived damaged \(sha256 .*published .*removed"):
+        run(hub, data, "fineweb_edu", "--shards", "1")
+    assert not local.exists() and not local.with_name(local.name + ".part").exists()
+    hub.corrupt.clear()
+    size = hub.file(FW_REPO, FW_REV, target).stat().st_size
+    hub.lie_size[target] = size + 10
+    with pytest.raises(UserError, match=f"has {size:,} bytes, the listing says {size + 10:,}: refused"):
+        run(hub, data, "fineweb_edu", "--shards", "1")
+    assert not local.exists()
+    hub.lie_size.clear()
+    hub.missing.add(target)
+    with pytest.raises(UserError, match="could not download .*000_00000.parquet \\(HTTP 404"):
+        run(hub, data, "fineweb_edu", "--shards", "1")
+    assert not (data / "fineweb_edu" / "meta.json").exists()
+
+
+def test_command_line_errors_are_one_line(hub, tmp_path):
+    hub.missing.add(f"{FW_FOLDER}/000_00000.parquet")
+    env_run = subprocess.run(
+        [sys.executable, str(REPO / "prepare.py"), "fineweb_edu", "--shards", "1", "--data_dir", str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO, env={**__import__("os").environ, "HF_ENDPOINT": hub.url},
+    )
+    assert env_run.returncode == 2
+    errors = [line for line in env_run.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "HTTP 404" in errors[0] and "Traceback" not in env_run.stderr
+    for args, message in [
+        (["fineweb_edu", "--sample", "5BT"], "no sample '5BT': choose one of 10BT, 100BT, 350BT"),
+        (["fineweb_edu", "--shards", "0"], "--shards must be at least 1"),
+        (["fineweb_edu", "--shards", "9"], "has 3 files; --shards 9 asks for more"),
+        (["shakespeare_char", "--shards", "1"], "go with a downloaded corpus"),
+        (["openwebtext", "--input", "x.parquet"], "openwebtext is downloaded"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            run(hub, tmp_path / "e", *args)
+    with pytest.raises(UserError, match="could not list .*Connection refused|could not list .*refused"):
+        prepare.main(["fineweb_edu", "--data_dir", str(tmp_path / "e"), "--base_url", "http://127.0.0.1:9",
+                      "--quiet"])
