@@ -1,6 +1,6 @@
 """The web corpora prepare.py downloads by name, from the Parquet files their publishers host.
 
-    python prepare.py openwebtext                     # all of OpenWebText (80 files, ~9B tokens)
+    python prepare.py openwebtext                     # all of OpenWebText (~9B tokens)
     python prepare.py fineweb_edu --shards 1          # one file of FineWeb-Edu's 10BT sample
     python prepare.py fineweb_edu --sample 100BT      # the 100B-token sample
 
@@ -38,12 +38,12 @@ CORPORA = {
     # The Hub's Parquet conversion of Skylion007/openwebtext (the dataset nanoGPT's prepare.py loads).
     "openwebtext": Corpus(
         "Skylion007/openwebtext", "refs/convert/parquet", {"all": "plain_text/train"}, "all",
-        "OpenWebText: 8,013,769 web pages, ~9B GPT-2 tokens, ~40 GB of Parquet",
+        "OpenWebText: 8,013,769 web pages, ~9B GPT-2 tokens (nanoGPT's count)",
     ),
     "fineweb_edu": Corpus(
         "HuggingFaceFW/fineweb-edu", "main",
         {"10BT": "sample/10BT", "100BT": "sample/100BT", "350BT": "sample/350BT"}, "10BT",
-        "FineWeb-Edu's samples of 10B, 100B or 350B GPT-2 tokens (~2 GB of Parquet a file)",
+        "FineWeb-Edu's samples of 10B, 100B or 350B GPT-2 tokens",
     ),
 }
 
@@ -88,6 +88,10 @@ def prepare_corpus(name, out_dir="data", *, sample=None, shards=None, base=None,
     downloads = folder / "download"
     downloads.mkdir(parents=True, exist_ok=True)
     total = sum(f.size for f in files)
+    here = sum(f.size for f in files if (downloads / f.path).is_file())
+    if progress:
+        print(f"{name} {sample}: {len(files)} file(s) from {base}, {total / 1e9:,.2f} GB "
+              f"({here / 1e9:,.2f} GB already in {downloads})", file=sys.stderr)
     with FolderLock(downloads, "prepare.py", "wait for it"), progress_bar(progress, total, "download") as bar:
         paths = [
             fetch(resolve_url(base, corpus.repo, corpus.revision, f.path), downloads / f.path, f.size, f.sha256, bar)
