@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gptkit.errors import UserError
 from gptkit.lock import FolderLock
+from gptkit.paths import TEMP_MARK
 
 DEFAULT_BASE = "https://huggingface.co"
 VAL_FRACTION = 0.0005  # nanoGPT's openwebtext/prepare.py holds out this share of documents
@@ -64,7 +65,7 @@ def check_amount(name, sample, shards):
 
 def prepare_corpus(name, out_dir="data", *, sample=None, shards=None, base=None, workers=None, progress=True):
     """Download the first `shards` files (all when None) of `sample` and prepare data/NAME."""
-    from gptkit.prepare.build import prepare_dataset, progress_bar
+    from gptkit.prepare.build import locked_dataset_folder, progress_bar
     from gptkit.prepare.download import fetch, list_files, resolve_url
     from gptkit.paths import claim_output
 
@@ -97,10 +98,51 @@ def prepare_corpus(name, out_dir="data", *, sample=None, shards=None, base=None,
             fetch(resolve_url(base, corpus.repo, corpus.revision, f.path), downloads / f.path, f.size, f.sha256, bar)
             for f in files
         ]
-    return prepare_dataset(
-        paths, "gpt2", name, out_dir, VAL_FRACTION, workers=workers, progress=progress,
-        extra_meta={"corpus": described | {"url": base}},
+    with locked_dataset_folder(folder), progress_bar(progress, sum(f.size for f in files), "tokenize") as bar:
+        meta = tokenize_files(folder, paths, described | {"url": base}, workers, bar)
+    if progress:
+        n = meta["num_tokens"]
+        print(f"wrote {folder}: train {n['train']:,} tokens, val {n['val']:,} tokens", file=sys.stderr)
+    return folder
+
+
+def tokenize_files(folder, paths, described, workers, bar):
+    """Tokenize the downloaded files (continuing a stopped run) and publish the dataset."""
+    from gptkit.prepare.build import (
+        FORMAT_VERSION, GPT2_VOCAB_SIZE, commit_dataset, default_workers, fingerprint, meta_json, write_synced,
     )
+    from gptkit.prepare.encode import CHUNK_CHARS
+    from gptkit.prepare.shards import STATE, encode_files, split_rule
+    from gptkit.tokenizer import GPT2_EOT_ID
+
+    workers = default_workers() if workers is None else max(1, int(workers))
+    if sum(Path(p).stat().st_size for p in paths) < CHUNK_CHARS:
+        workers = 1  # starting processes would cost more than it saves
+    done, counts, building = encode_files(folder, paths, described["files"], VAL_FRACTION, workers, bar)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": {"type": "gpt2"},
+        "vocab_size": GPT2_VOCAB_SIZE,
+        "dtype": "uint16",
+        "eot_id": GPT2_EOT_ID,
+        "num_tokens": counts,
+        "sources": [
+            {"path": str(p), "bytes": f["bytes"], "sha256": f["sha256"], "num_tokens": {"train": d["train"], "val": d["val"]}}
+            for p, f, d in zip(paths, described["files"], done)
+        ],
+        "split": split_rule(VAL_FRACTION),
+        "corpus": described,
+    }
+    meta["fingerprint"] = fingerprint(meta)
+    tmp_meta = folder / f".meta.json{TEMP_MARK}{os.getpid()}"
+    try:
+        write_synced(tmp_meta, meta_json(meta))
+        commit_dataset(folder, {"train.bin": building["train"], "val.bin": building["val"], "meta.json": tmp_meta},
+                       ("train.bin", "val.bin", "meta.json"))
+    finally:
+        tmp_meta.unlink(missing_ok=True)
+    (folder / STATE).unlink(missing_ok=True)
+    return meta
 
 
 def already_prepared(folder, described):

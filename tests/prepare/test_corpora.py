@@ -3,6 +3,7 @@ a full download equals the same texts given as .jsonl, a cut download resumes wi
 request to the same bins, damaged, short and missing shards are refused in one line."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -44,24 +45,32 @@ def bins(folder):
     return meta, *(np.fromfile(folder / f"{s}.bin", dtype=meta["dtype"]) for s in ("train", "val"))
 
 
-def as_jsonl(tmp_path, seeds):
-    path = tmp_path / "same.jsonl"
-    with open(path, "w") as f:
-        for seed in seeds:
-            for text in random_texts(SHARD_ROWS, seed):
-                f.write(json.dumps({"text": text}) + "\n")
-    return path
+def expected_bins(seeds, val_fraction=0.0005):
+    """The bins by the documented rule, computed independently: per file of R rows,
+    V = min(max(1, round(R * f)), R - 1) evenly spaced rows are val; each document is
+    its GPT-2 ids and then end-of-text."""
+    import tiktoken
+
+    enc = tiktoken.get_encoding("gpt2")
+    out = {"train": [], "val": []}
+    for seed in seeds:
+        texts = random_texts(SHARD_ROWS, seed)
+        rows = len(texts)
+        n_val = min(max(1, round(rows * val_fraction)), rows - 1)
+        for r, text in enumerate(texts):
+            split = "val" if (r + 1) * n_val // rows > r * n_val // rows else "train"
+            out[split] += enc.encode_ordinary(text) + [50256]
+    return np.array(out["train"], np.uint16), np.array(out["val"], np.uint16)
 
 
-def test_fineweb_edu_downloads_and_equals_the_same_texts_as_jsonl(hub, tmp_path):
+def test_fineweb_edu_downloads_and_tokenizes_by_the_rule(hub, tmp_path):
     data = tmp_path / "data"
     run(hub, data, "fineweb_edu", "--shards", "2")
     meta, train, val = bins(data / "fineweb_edu")
-    jsonl = as_jsonl(tmp_path, [0, 1])
-    prepare.main(["--input", str(jsonl), "--tokenizer", "gpt2", "--name", "ref", "--val_fraction", "0.0005",
-                  "--data_dir", str(data), "--quiet", "--workers", "1"])
-    _, ref_train, ref_val = bins(data / "ref")
-    assert np.array_equal(train, ref_train) and np.array_equal(val, ref_val)
+    want_train, want_val = expected_bins([0, 1])
+    assert np.array_equal(train, want_train) and np.array_equal(val, want_val) and len(val) > 0
+    assert meta["num_tokens"] == {"train": len(want_train), "val": len(want_val)}
+    assert sum(s["num_tokens"]["train"] for s in meta["sources"]) == len(want_train)
     files = meta["corpus"]["files"]
     assert [f["path"] for f in files] == [f"{FW_FOLDER}/000_00000.parquet", f"{FW_FOLDER}/001_00000.parquet"]
     assert meta["corpus"]["sample"] == "10BT" and meta["corpus"]["url"] == hub.url
@@ -69,23 +78,33 @@ def test_fineweb_edu_downloads_and_equals_the_same_texts_as_jsonl(hub, tmp_path)
         local = data / "fineweb_edu" / "download" / f["path"]
         assert local.read_bytes() == hub.file(FW_REPO, FW_REV, f["path"]).read_bytes()
     assert [s["sha256"] for s in meta["sources"]] == [f["sha256"] for f in files]
-    assert not list((data / "fineweb_edu").rglob("*.part"))
+    assert sorted(p.name for p in (data / "fineweb_edu").iterdir()) == [
+        ".lock", "download", "meta.json", "train.bin", "val.bin"]
 
-    # Again: only the listing is asked for; nothing is downloaded or encoded.
+    # Again: only the listing is asked for; nothing is downloaded or tokenized.
     hub.requests.clear()
     before = (data / "fineweb_edu" / "train.bin").stat().st_mtime_ns
     run(hub, data, "fineweb_edu", "--shards", "2")
     assert [p for p, _ in hub.requests] == [f"/api/datasets/{FW_REPO}/tree/{FW_REV}/{FW_FOLDER}"]
     assert (data / "fineweb_edu" / "train.bin").stat().st_mtime_ns == before
 
-    # One more shard: only that one is downloaded.
+
+def test_more_files_then_fewer_reuse_what_is_tokenized(hub, tmp_path, capfd):
+    data = tmp_path / "data"
+    run(hub, data, "fineweb_edu", "--shards", "1")
     hub.requests.clear()
     run(hub, data, "fineweb_edu", "--shards", "3")
-    assert [p for p, _ in hub.requests if "/resolve/" in p] == [
-        f"/datasets/{FW_REPO}/resolve/{FW_REV}/{FW_FOLDER}/002_00000.parquet"]
-    assert len(bins(data / "fineweb_edu")[0]["corpus"]["files"]) == 3
-
-
+    assert [p.rsplit("/", 1)[1] for p, _ in hub.requests if "/resolve/" in p] == [
+        "001_00000.parquet", "002_00000.parquet"]
+    assert "continuing: 1 of 3 file(s) already tokenized" in capfd.readouterr().err
+    _, train, val = bins(data / "fineweb_edu")
+    want = expected_bins([0, 1, 2])
+    assert np.array_equal(train, want[0]) and np.array_equal(val, want[1])
+    run(hub, data, "fineweb_edu", "--shards", "2")
+    assert "continuing: 2 of 2 file(s) already tokenized" in capfd.readouterr().err
+    meta, train, val = bins(data / "fineweb_edu")
+    want = expected_bins([0, 1])
+    assert np.array_equal(train, want[0]) and np.array_equal(val, want[1]) and len(meta["sources"]) == 2
 def test_openwebtext_layout_and_revision(hub, tmp_path):
     data = tmp_path / "data"
     run(hub, data, "openwebtext")
@@ -93,8 +112,9 @@ def test_openwebtext_layout_and_revision(hub, tmp_path):
     assert meta["corpus"]["revision"] == "refs/convert/parquet" and len(meta["corpus"]["files"]) == 2
     assert any(p == f"/datasets/{OWT_REPO}/resolve/refs/convert/parquet/{OWT_FOLDER}/0000.parquet"
                for p, _ in hub.requests)
-    assert meta["split"]["num_documents"] == 2 * SHARD_ROWS and meta["split"]["num_val_documents"] == 1
-    assert meta["eot_id"] == 50256 and (train == 50256).sum() + (val == 50256).sum() == 2 * SHARD_ROWS
+    want_train, want_val = expected_bins([10, 11])
+    assert np.array_equal(train, want_train) and np.array_equal(val, want_val)
+    assert (val == 50256).sum() == 2  # one val document per file of 300 rows
 
 
 def test_cut_download_resumes_with_range_to_the_same_bins(hub, tmp_path):
@@ -116,6 +136,25 @@ def test_cut_download_resumes_with_range_to_the_same_bins(hub, tmp_path):
         ("001_00000.parquet", f"bytes={size // 3}-")]  # the finished shard is not fetched again
     for split in ("train.bin", "val.bin"):
         assert (data / "fineweb_edu" / split).read_bytes() == (whole / "fineweb_edu" / split).read_bytes()
+
+
+def test_killed_tokenizing_continues_after_the_last_finished_file(hub, tmp_path):
+    data = tmp_path / "data"
+    command = [sys.executable, str(REPO / "prepare.py"), "fineweb_edu", "--data_dir", str(data), "--base_url",
+               hub.url, "--workers", "1", "--quiet"]
+    killed = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
+                            env={**os.environ, "GPT_FAULTS": "exit_after_first_file"})
+    assert killed.returncode == 137
+    assert json.loads((data / "fineweb_edu" / "building.json").read_text())["done"][0]["path"].endswith("000_00000.parquet")
+    with open(data / "fineweb_edu" / "train.bin.building", "ab") as f:
+        f.write(b"\x01\x02" * 999)  # as if the run had died half-way through the next file
+    again = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    assert again.returncode == 0, again.stderr
+    assert "continuing: 1 of 3 file(s) already tokenized" in again.stderr
+    _, train, val = bins(data / "fineweb_edu")
+    want_train, want_val = expected_bins([0, 1, 2])
+    assert np.array_equal(train, want_train) and np.array_equal(val, want_val)
+    assert not (data / "fineweb_edu" / "building.json").exists()
 
 
 def test_server_that_ignores_range_restarts_the_file(hub, tmp_path):
@@ -155,7 +194,7 @@ def test_command_line_errors_are_one_line(hub, tmp_path):
     hub.missing.add(f"{FW_FOLDER}/000_00000.parquet")
     env_run = subprocess.run(
         [sys.executable, str(REPO / "prepare.py"), "fineweb_edu", "--shards", "1", "--data_dir", str(tmp_path)],
-        capture_output=True, text=True, cwd=REPO, env={**__import__("os").environ, "HF_ENDPOINT": hub.url},
+        capture_output=True, text=True, cwd=REPO, env={**os.environ, "HF_ENDPOINT": hub.url},
     )
     assert env_run.returncode == 2
     errors = [line for line in env_run.stderr.splitlines() if line.startswith("error")]
