@@ -51,10 +51,28 @@ def open_parquet(path, shown, column):
     return pf, pf.metadata.num_rows
 
 
+def column_texts(column, source, first_row, errors):
+    """A record batch's column as Python strings. Parquet's writers check UTF-8, but a
+    file can still hold bytes that are not: named by row like a text file's bad bytes."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        pa, _ = _pyarrow()
+        texts = []
+        for row, raw in enumerate(column.view(pa.large_binary() if pa.types.is_large_string(column.type)
+                                              else pa.binary()).to_pylist(), first_row):
+            try:
+                texts.append(None if raw is None else raw.decode("utf-8", errors))
+            except UnicodeDecodeError as e:
+                raise UserError(
+                    f"{source.shown}, row {row}: not valid UTF-8 at byte {e.start} of its text ({e.reason}): "
+                    "fix the file, or pass --errors replace to replace bad bytes with U+FFFD"
+                ) from None
+        return texts
+
+
 def parquet_texts(source, errors, on_raw=None):
     """The text of each row of `source` (a Source of kind 'parquet'), nulls as ''."""
-    from gptkit.prepare.sources import scalar_values
-
     pa, _ = _pyarrow()
     pf, n_rows = open_parquet(source.path, source.shown, source.column)
     size = source.path.stat().st_size
@@ -75,10 +93,8 @@ def parquet_texts(source, errors, on_raw=None):
         try:
             batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=[source.column], use_threads=False)
             for batch in batches:
-                for row, text in enumerate(batch.column(0).to_pylist(), done + 1):
-                    # Arrow checks UTF-8 as it reads; a lone surrogate cannot occur, but
-                    # scalar_values costs nothing on clean text and keeps the rule in one place.
-                    yield scalar_values(text, source, row, errors) if text else ""
+                for text in column_texts(batch.column(0), source, done + 1, errors):
+                    yield text or ""  # UTF-8 holds no lone surrogate: nothing more to check
                 done += batch.num_rows
                 if raw is not None and n_rows:
                     feed_until(size * done // n_rows)

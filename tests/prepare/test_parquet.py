@@ -101,6 +101,15 @@ def test_bad_parquet_inputs_are_one_line_errors_naming_the_file(tmp_path):
                    "no input is a .parquet file")
 
 
+def test_invalid_utf8_is_named_by_row_or_replaced(tmp_path):
+    bad = pa.array([b"fine text", b"bad \xff\xfe here", None], pa.binary()).view(pa.string())  # no check
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"text": bad}), path)
+    assert_refused(tmp_path, ["--input", str(path)], f"{path}, row 2: not valid UTF-8 at byte 4 .*--errors replace")
+    meta, _ = prep(tmp_path / "d", "r", "--input", str(path), "--tokenizer", "char", "--errors", "replace")
+    assert "\ufffd" in meta["tokenizer"]["chars"] and meta["split"]["num_documents"] == 2
+
+
 def test_a_failure_after_the_start_leaves_the_previous_dataset(tmp_path, monkeypatch):
     path = tmp_path / "x.parquet"
     pq.write_table(pa.table({"text": random_texts(40, seed=4)}), path, row_group_size=8)
