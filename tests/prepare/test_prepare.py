@@ -226,7 +226,7 @@ def test_empty_inputs(tmp_path):
     )
     (tmp_path / "nothing").mkdir()
     assert_fails(
-        tmp_path, ["--input", str(tmp_path / "nothing"), "--tokenizer", "char", "--name", "x"], "holds no .txt files"
+        tmp_path, ["--input", str(tmp_path / "nothing"), "--tokenizer", "char", "--name", "x"], "holds no .txt or .parquet files"
     )
 
 
