@@ -211,3 +211,15 @@ def test_command_line_errors_are_one_line(hub, tmp_path):
     with pytest.raises(UserError, match="could not list .*Connection refused|could not list .*refused"):
         prepare.main(["fineweb_edu", "--data_dir", str(tmp_path / "e"), "--base_url", "http://127.0.0.1:9",
                       "--quiet"])
+
+
+def test_train_reads_the_downloaded_corpus(hub, tmp_path):
+    import train
+    from train_helpers import losses_by_iter, tiny_args
+
+    data = tmp_path / "data"
+    run(hub, data, "fineweb_edu", "--shards", "2")
+    out = tmp_path / "out"
+    assert train.main(tiny_args(data, out, dataset="fineweb_edu", max_iters=12, eval_interval=12)) == 0
+    losses = losses_by_iter(out)
+    assert losses[max(losses)] < losses[0] - 2, losses  # from ln(50257) = 10.8 towards the corpus's few words
