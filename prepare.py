@@ -5,6 +5,8 @@
     python prepare.py --input notes.txt books/ web.jsonl --tokenizer gpt2 --name mine
     python prepare.py --input books/ --tokenizer bpe --vocab_size 4096 --name books   # your own BPE
     python prepare.py talks --input talks.jsonl --format chat  # conversations (docs/chat.md)
+    python prepare.py fineweb_edu --shards 1   # web corpora by name: openwebtext, fineweb_edu (docs/data.md)
+    python prepare.py --input pages/ --tokenizer gpt2 --name pages   # .parquet files, their text column
 
 What the files hold and how they are written: gptkit/prepare/build.py.
 """
@@ -37,9 +39,16 @@ examples:
   python prepare.py talks --input talks.jsonl --format chat [--tokenizer char|gpt2|bpe] [--block_size N]
       conversations, one {"messages": [...]} a line (or a folder of such files) -> data/talks
       with a target mask per split (docs/chat.md); python prepare.py arithmetic_chat makes some
+  python prepare.py openwebtext
+      OpenWebText (~9B tokens) as nanoGPT trains GPT-2 on: its Parquet files downloaded from the
+      Hugging Face Hub into data/openwebtext/download, checked, tokenized with GPT-2 BPE
+  python prepare.py fineweb_edu [--sample 10BT|100BT|350BT] [--shards N]
+      FineWeb-Edu's 10B-token sample (or the first N files of a sample). Both resume where a
+      stopped run was; --base_url URL or HF_ENDPOINT=URL for a mirror or a local copy
 
-inputs: a text file is one document; a folder is every .txt file below it (sorted), one
-document each; a .jsonl file is one document per line, in its "text" field; - (standard
+inputs: a text file is one document; a folder is every .txt and .parquet file below it
+(sorted); a .jsonl file is one document per line, in its "text" field; a .parquet file is
+one document per row, in its text column (--text_column NAME for another); - (standard
 input), a named pipe or <(zcat corpus.gz) is one document, copied once into data/NAME. One document
 is split at --val_fraction of its characters (as nanoGPT); several documents are split by
 whole documents, evenly spaced. With GPT-2 BPE and several documents, the end-of-text token
