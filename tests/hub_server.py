@@ -59,6 +59,7 @@ class FakeHub:
         self.missing = set()
         self.ignore_range = False
         self.lie_size = {}  # repo path -> size the listing claims
+        self.page_size = 1000  # entries per listing page; the rest behind a Link: rel="next" cursor
 
     def add(self, repo, revision, path, table, row_group_size=64):
         dest = self.root / repo / revision / path
@@ -94,6 +95,8 @@ class FakeHub:
                 return f"{owner}/{name}", None, tail
 
             def tree(self, rest):
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                cursor = int(query.get("cursor", ["0"])[0])
                 repo, revision, folder = self.split(rest, "tree")
                 base = hub.root / repo / str(revision) / folder
                 if revision is None or not base.is_dir():
@@ -107,9 +110,13 @@ class FakeHub:
                         "type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": size, "path": rel,
                         "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134},
                     })
-                body = json.dumps(entries).encode()
+                page = entries[cursor : cursor + hub.page_size]
+                body = json.dumps(page).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
+                if cursor + hub.page_size < len(entries):
+                    here = urllib.parse.urlsplit(self.path).path
+                    self.send_header("Link", f'<{hub.url}{here}?cursor={cursor + hub.page_size}>; rel="next"')
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

@@ -93,7 +93,7 @@ def prepare_corpus(name, out_dir="data", *, sample=None, shards=None, base=None,
     if progress:
         print(f"{name} {sample}: {len(files)} file(s) from {base}, {total / 1e9:,.2f} GB "
               f"({here / 1e9:,.2f} GB already in {downloads})", file=sys.stderr)
-    with FolderLock(downloads, "prepare.py", "wait for it"), progress_bar(progress, total, "download") as bar:
+    with FolderLock(downloads, "prepare.py", "use another --data_dir"), progress_bar(progress, total, "download") as bar:
         paths = [
             fetch(resolve_url(base, corpus.repo, corpus.revision, f.path), downloads / f.path, f.size, f.sha256, bar)
             for f in files

@@ -6,7 +6,9 @@
 
 A file is written to DEST.part and renamed to DEST only after its size and sha256
 (the Git LFS object id the Hub publishes) are checked, so DEST exists only when it
-is complete and right: a later run never downloads or checks it again. A .part
+is complete and right; DEST.sha256 records the digest checked, so a later run
+neither downloads nor reads it again (a file the publisher has changed since, or
+one copied in by hand, is checked, and fetched again if it differs). A .part
 left by a stopped run (Ctrl-C, a lost connection, kill -9) is continued with an
 HTTP Range request from its last byte; a server that ignores Range sends the whole
 file, which then replaces the .part. A file whose size or sha256 is wrong is
@@ -97,8 +99,14 @@ def sha256_of(path):
 def fetch(url, dest, size, sha256=None, bar=None):
     """Download url to dest (resuming dest.part), check size and sha256, rename into place."""
     dest = Path(dest)
+    checked = dest.with_name(dest.name + ".sha256")
     if dest.is_file() and dest.stat().st_size == size:
-        return dest  # renamed into place only after its checks
+        if sha256 is None:
+            return dest
+        recorded = checked.read_text().strip() if checked.is_file() else sha256_of(dest)
+        if recorded == sha256:
+            checked.write_text(sha256 + "\n")
+            return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.is_file() else 0
@@ -120,7 +128,10 @@ def fetch(url, dest, size, sha256=None, bar=None):
             raise UserError(
                 f"{url} arrived damaged (sha256 {digest[:16]}..., published {sha256[:16]}...): removed, run again"
             )
+    checked.unlink(missing_ok=True)
     os.replace(part, dest)
+    if sha256 is not None:
+        checked.write_text(sha256 + "\n")
     return dest
 
 

@@ -157,6 +157,27 @@ def test_killed_tokenizing_continues_after_the_last_finished_file(hub, tmp_path)
     assert not (data / "fineweb_edu" / "building.json").exists()
 
 
+def test_listing_pages_and_a_changed_file(hub, tmp_path):
+    hub.page_size = 2  # three files over two pages, as the Hub pages long listings
+    data = tmp_path / "data"
+    run(hub, data, "fineweb_edu")
+    meta, _, _ = bins(data / "fineweb_edu")
+    assert len(meta["corpus"]["files"]) == 3
+    assert sum(1 for p, _ in hub.requests if p.startswith("/api/")) == 2
+    # The publisher replaces a file with one of the same size: it is fetched again.
+    target = f"{FW_FOLDER}/002_00000.parquet"
+    old = hub.file(FW_REPO, FW_REV, target).read_bytes()
+    new = old[:200] + bytes([old[200] ^ 0xFF]) + old[201:]
+    hub.file(FW_REPO, FW_REV, target).write_bytes(new)
+    hub.requests.clear()
+    try:
+        run(hub, data, "fineweb_edu")
+    except UserError as e:  # the changed bytes may no longer be readable Parquet: that is the tokenizer's to say
+        assert "002_00000.parquet" in str(e)
+    assert [p.rsplit("/", 1)[1] for p, _ in hub.requests if "/resolve/" in p] == ["002_00000.parquet"]
+    assert (data / "fineweb_edu" / "download" / target).read_bytes() == new
+
+
 def test_server_that_ignores_range_restarts_the_file(hub, tmp_path):
     target = f"{FW_FOLDER}/000_00000.parquet"
     hub.cut_once[target] = 1000
