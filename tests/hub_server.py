@@ -13,6 +13,7 @@ import hashlib
 import json
 import random
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -59,6 +60,7 @@ class FakeHub:
         self.missing = set()
         self.ignore_range = False
         self.lie_size = {}  # repo path -> size the listing claims
+        self.slow = None  # (bytes, seconds): send files in pieces of `bytes` with a pause between
         self.page_size = 1000  # entries per listing page; the rest behind a Link: rel="next" cursor
 
     def add(self, repo, revision, path, table, row_group_size=64):
@@ -148,7 +150,17 @@ class FakeHub:
                     self.wfile.flush()
                     self.close_connection = True
                     return
-                self.wfile.write(data[start:])
+                if hub.slow is None:
+                    self.wfile.write(data[start:])
+                    return
+                piece, pause = hub.slow
+                for at in range(start, len(data), piece):
+                    try:
+                        self.wfile.write(data[at : at + piece])
+                        self.wfile.flush()
+                    except OSError:  # the client is gone (killed)
+                        return
+                    time.sleep(pause)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"

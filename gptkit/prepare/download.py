@@ -161,7 +161,7 @@ def _download(url, part, have, size, bar):
         written = start
         with open(part, "ab" if resumed else "wb") as f:
             try:
-                while block := response.read(BLOCK):
+                while block := response.read1(BLOCK):  # what has arrived, up to BLOCK: a kill loses little
                     f.write(block)
                     written += len(block)
                     if bar is not None:

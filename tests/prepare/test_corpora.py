@@ -178,6 +178,35 @@ def test_listing_pages_and_a_changed_file(hub, tmp_path):
     assert (data / "fineweb_edu" / "download" / target).read_bytes() == new
 
 
+def test_kill_9_mid_download_then_resume(hub, tmp_path):
+    import signal
+    import time
+
+    target = f"{FW_FOLDER}/000_00000.parquet"
+    size = hub.file(FW_REPO, FW_REV, target).stat().st_size
+    hub.slow = (4096, 0.02)
+    data = tmp_path / "data"
+    part = data / "fineweb_edu" / "download" / (target + ".part")
+    command = [sys.executable, str(REPO / "prepare.py"), "fineweb_edu", "--shards", "1", "--data_dir", str(data),
+               "--base_url", hub.url, "--workers", "1", "--quiet"]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (part.is_file() and part.stat().st_size > 5 * 4096) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    have = part.stat().st_size
+    assert 0 < have < size
+    hub.slow = None
+    hub.requests.clear()
+    run(hub, data, "fineweb_edu", "--shards", "1")
+    ranges = [r for p, r in hub.requests if "/resolve/" in p]
+    assert len(ranges) == 1 and int(ranges[0].removeprefix("bytes=").rstrip("-")) >= have
+    want_train, want_val = expected_bins([0])
+    _, train, val = bins(data / "fineweb_edu")
+    assert np.array_equal(train, want_train) and np.array_equal(val, want_val)
+
+
 def test_server_that_ignores_range_restarts_the_file(hub, tmp_path):
     target = f"{FW_FOLDER}/000_00000.parquet"
     hub.cut_once[target] = 1000
