@@ -139,7 +139,8 @@ def build_parser():
     )
     parser.add_argument(
         "--base_url", metavar="URL",
-        help="openwebtext, fineweb_edu: where the files are (default $HF_ENDPOINT, else https://huggingface.co)",
+        help="openwebtext, fineweb_edu: where the files are: the Hub or a mirror (default $HF_ENDPOINT, else "
+        "https://huggingface.co), or a folder holding a local copy of the repository",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser

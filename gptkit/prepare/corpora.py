@@ -7,14 +7,17 @@
 The files are listed through the Hub's tree API (with their sizes and sha256),
 downloaded into data/NAME/download/ (as Tiny Shakespeare's input.txt is kept in
 data/NAME/; gptkit/prepare/download.py: resumable, checked), then tokenized with
-GPT-2 BPE into data/NAME/{train.bin, val.bin, meta.json} as any --input is
-(gptkit/prepare/build.py). A run that finds the same files already prepared
+GPT-2 BPE file by file into data/NAME/{train.bin, val.bin, meta.json}
+(gptkit/prepare/shards.py). A run that finds the same files already prepared
 does nothing. The address is --base_url, else $HF_ENDPOINT (the variable the Hub's
-own tools and its mirrors use), else https://huggingface.co.
+own tools and its mirrors use), else https://huggingface.co; a folder there is a
+local copy of the repository (as `huggingface-cli download --local-dir` leaves
+one), read in place, its files checked by size only.
 """
 
 import os
 import sys
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,14 +69,18 @@ def check_amount(name, sample, shards):
 def prepare_corpus(name, out_dir="data", *, sample=None, shards=None, base=None, workers=None, progress=True):
     """Download the first `shards` files (all when None) of `sample` and prepare data/NAME."""
     from gptkit.prepare.build import locked_dataset_folder, progress_bar
-    from gptkit.prepare.download import fetch, list_files, resolve_url
+    from gptkit.prepare.download import list_files
     from gptkit.paths import claim_output
 
     corpus = CORPORA[name]
     sample = check_amount(name, sample, shards)
     base = base_url(base)
     folder = claim_output(Path(out_dir) / name, "folder", overwrite=True, what="the dataset folder (--data_dir)")
-    files = list_files(base, corpus.repo, corpus.revision, corpus.samples[sample])
+    local = local_copy(base)
+    if local is not None:  # a folder holding the repository's files: read in place
+        files = local_files(local, corpus.samples[sample])
+    else:
+        files = list_files(base, corpus.repo, corpus.revision, corpus.samples[sample])
     if shards is not None:
         if shards > len(files):
             raise UserError(f"{name} {sample} has {len(files)} files; --shards {shards} asks for more")
@@ -86,7 +93,23 @@ def prepare_corpus(name, out_dir="data", *, sample=None, shards=None, base=None,
         if progress:
             print(f"{folder} already holds these {len(files)} file(s) of {name}: nothing to do", file=sys.stderr)
         return folder
-    downloads = folder / "download"
+    if local is not None:
+        paths = [local / f.path for f in files]
+    else:
+        paths = download(name, sample, base, corpus, files, folder / "download", progress)
+    with locked_dataset_folder(folder), progress_bar(progress, sum(f.size for f in files), "tokenize") as bar:
+        meta = tokenize_files(folder, paths, described | {"url": base}, workers, bar)
+    if progress:
+        n = meta["num_tokens"]
+        print(f"wrote {folder}: train {n['train']:,} tokens, val {n['val']:,} tokens", file=sys.stderr)
+    return folder
+
+
+def download(name, sample, base, corpus, files, downloads, progress):
+    """Fetch the files into `downloads` (resuming, checked); their local paths."""
+    from gptkit.prepare.build import progress_bar
+    from gptkit.prepare.download import fetch, resolve_url
+
     downloads.mkdir(parents=True, exist_ok=True)
     total = sum(f.size for f in files)
     here = sum(f.size for f in files if (downloads / f.path).is_file())
@@ -94,16 +117,33 @@ def prepare_corpus(name, out_dir="data", *, sample=None, shards=None, base=None,
         print(f"{name} {sample}: {len(files)} file(s) from {base}, {total / 1e9:,.2f} GB "
               f"({here / 1e9:,.2f} GB already in {downloads})", file=sys.stderr)
     with FolderLock(downloads, "prepare.py", "use another --data_dir"), progress_bar(progress, total, "download") as bar:
-        paths = [
+        return [
             fetch(resolve_url(base, corpus.repo, corpus.revision, f.path), downloads / f.path, f.size, f.sha256, bar)
             for f in files
         ]
-    with locked_dataset_folder(folder), progress_bar(progress, sum(f.size for f in files), "tokenize") as bar:
-        meta = tokenize_files(folder, paths, described | {"url": base}, workers, bar)
-    if progress:
-        n = meta["num_tokens"]
-        print(f"wrote {folder}: train {n['train']:,} tokens, val {n['val']:,} tokens", file=sys.stderr)
+
+
+def local_copy(base):
+    """The folder `base` names (a path, or a file:// URL), or None for a web address."""
+    if base.startswith("file://"):
+        base = urllib.parse.unquote(urllib.parse.urlsplit(base).path)
+    elif "://" in base:
+        return None
+    folder = Path(base).expanduser()
+    if not folder.is_dir():
+        raise UserError(f"--base_url {base} is neither a web address (https://...) nor a folder")
     return folder
+
+
+def local_files(folder, sub):
+    """The .parquet files of a local copy's `sub` folder as RemoteFiles (no published sha256)."""
+    from gptkit.prepare.download import RemoteFile
+
+    files = sorted(p for p in (folder / sub).glob("*.parquet") if p.is_file())
+    if not files:
+        raise UserError(f"{folder / sub} holds no .parquet files (a local copy keeps the repository's "
+                        f"layout: {sub}/...)")
+    return [RemoteFile(p.relative_to(folder).as_posix(), p.stat().st_size, None) for p in files]
 
 
 def tokenize_files(folder, paths, described, workers, bar):

@@ -83,7 +83,7 @@ def reopen_published(folder, files):
     leaves no dataset that looks complete, and at worst a run that starts again)."""
     try:
         meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-        done = [{"path": f["path"], "sha256": f["sha256"], **s["num_tokens"]}
+        done = [{"path": f["path"], "sha256": f["sha256"], "bytes": f["bytes"], **s["num_tokens"]}
                 for f, s in zip(meta["corpus"]["files"], meta["sources"])]
     except (OSError, ValueError, KeyError, TypeError):
         return
@@ -102,7 +102,7 @@ def reopen_published(folder, files):
 def read_state_from(done, files):
     kept = []
     for entry, f in zip(done, files):
-        if (entry.get("path"), entry.get("sha256")) != (f["path"], f["sha256"]):
+        if (entry.get("path"), entry.get("sha256"), entry.get("bytes")) != (f["path"], f["sha256"], f["bytes"]):
             break
         kept.append(entry)
     return kept
@@ -143,7 +143,7 @@ def encode_files(folder, paths, files, val_fraction, workers, bar):
                 for g in out.values():
                     g.flush()
                     os.fsync(g.fileno())
-                done.append({"path": f["path"], "sha256": f["sha256"],
+                done.append({"path": f["path"], "sha256": f["sha256"], "bytes": f["bytes"],
                              "train": counts["train"] - before["train"], "val": counts["val"] - before["val"]})
                 write_state(folder, done)
                 faults.maybe_exit("exit_after_first_file")  # test-only: die with one file recorded

@@ -273,3 +273,18 @@ def test_train_reads_the_downloaded_corpus(hub, tmp_path):
     assert train.main(tiny_args(data, out, dataset="fineweb_edu", max_iters=12, eval_interval=12)) == 0
     losses = losses_by_iter(out)
     assert losses[max(losses)] < losses[0] - 2, losses  # from ln(50257) = 10.8 towards the corpus's few words
+
+
+def test_a_local_copy_stands_in(hub, tmp_path):
+    copy = hub.root / FW_REPO / FW_REV  # the repository's own layout: sample/10BT/000_00000.parquet, ...
+    data = tmp_path / "data"
+    prepare.main(["fineweb_edu", "--shards", "2", "--data_dir", str(data), "--base_url", str(copy), "--quiet"])
+    meta, train, val = bins(data / "fineweb_edu")
+    want_train, want_val = expected_bins([0, 1])
+    assert np.array_equal(train, want_train) and np.array_equal(val, want_val)
+    assert not (data / "fineweb_edu" / "download").exists() and hub.requests == []
+    assert meta["sources"][0]["path"] == str(copy / FW_FOLDER / "000_00000.parquet")
+    with pytest.raises(UserError, match="neither a web address .* nor a folder"):
+        prepare.main(["fineweb_edu", "--data_dir", str(data), "--base_url", str(tmp_path / "nowhere")])
+    with pytest.raises(UserError, match="holds no .parquet files .*layout: plain_text/train"):
+        prepare.main(["openwebtext", "--data_dir", str(data), "--base_url", copy.as_uri()])
