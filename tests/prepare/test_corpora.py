@@ -273,6 +273,17 @@ def test_train_reads_the_downloaded_corpus(hub, tmp_path):
     assert train.main(tiny_args(data, out, dataset="fineweb_edu", max_iters=12, eval_interval=12)) == 0
     losses = losses_by_iter(out)
     assert losses[max(losses)] < losses[0] - 2, losses  # from ln(50257) = 10.8 towards the corpus's few words
+    import eval as eval_script
+
+    # eval.py scores the same val split, and the same documents given as a Parquet file
+    split_json, file_json = tmp_path / "split.json", tmp_path / "file.json"
+    assert eval_script.main([str(out), "--dataset", "fineweb_edu", "--data_dir", str(data), "--device", "cpu",
+                             "--json", str(split_json), "--no_progress"]) == 0
+    shard = data / "fineweb_edu" / "download" / FW_FOLDER / "000_00000.parquet"
+    assert eval_script.main([str(out), "--input", str(shard), "--device", "cpu", "--max_tokens", "2000",
+                             "--json", str(file_json), "--no_progress"]) == 0
+    for path in (split_json, file_json):
+        assert 0 < json.loads(path.read_text())["models"][0]["loss"] < 9, path.read_text()[:300]
 
 
 def test_a_local_copy_stands_in(hub, tmp_path):
