@@ -39,6 +39,10 @@ def corpus(tmp_path):
     pq.write_table(pa.table({"text": pa.array(b, pa.large_string())}), folder / "sub" / "b.parquet",
                    row_group_size=7)
     write_jsonl(tmp_path / "same.jsonl", a + b)
+    txt = tmp_path / "txt"
+    txt.mkdir()
+    for i, text in enumerate(a + b):  # one .txt file per document, in the same order
+        (txt / f"{i:04d}.txt").write_text(text or "", encoding="utf-8")
     return folder, tmp_path / "same.jsonl"
 
 
@@ -51,6 +55,8 @@ def test_parquet_folder_equals_the_same_texts_as_jsonl(corpus, tmp_path, tokeniz
     meta, got = prep(data, "p", "--input", str(folder), "--tokenizer", *tokenizer)
     ref_meta, want = prep(data, "j", "--input", str(jsonl), "--tokenizer", *tokenizer)
     assert got == want and all(got)
+    _, as_txt = prep(data, "t", "--input", str(tmp_path / "txt"), "--tokenizer", *tokenizer)
+    assert as_txt == want
     assert meta["split"]["num_documents"] == 198  # the null and the empty text are skipped
     assert [s["path"] for s in meta["sources"]] == [str(folder / "a.parquet"), str(folder / "sub" / "b.parquet")]
     for source in meta["sources"]:  # the file's own sha256, as for every other input
