@@ -111,9 +111,7 @@ def signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
             signal.raise_signal(s)
 
 
-def write_dataset(
-    folder, make_segments, sources, errors, kind, scan, rule, pool, workers, chunk_chars, bar, bpe=None, extra_meta=None
-):
+def write_dataset(folder, make_segments, sources, errors, kind, scan, rule, pool, workers, chunk_chars, bar, bpe=None):
     """Pass 2: tokenize into temporary bins, then rename train.bin, val.bin (tokenizer.json)
     and meta.json into place. `bpe` is the BPETokenizer when kind is 'bpe'."""
     if kind == "bpe":
@@ -171,7 +169,6 @@ def write_dataset(
             "num_tokens": counts,
             "sources": scan.sources,
             "split": rule,
-            **(extra_meta or {}),
         }
         meta["fingerprint"] = fingerprint(meta)
         write_synced(tmp["meta.json"], meta_json(meta))
@@ -252,11 +249,9 @@ def prepare_dataset(
     tokenizer_from=None,
     chunk_chars=CHUNK_CHARS,
     text_column="text",
-    extra_meta=None,
 ):
     """Tokenize `inputs` (paths: text files, .jsonl, .parquet, folders of .txt and .parquet) into
-    out_dir/name; return the folder. `text_column` is the column read from Parquet files;
-    `extra_meta` (a dict) is added to meta.json (a named corpus says where it came from).
+    out_dir/name; return the folder. `text_column` is the column read from Parquet files.
 
     tokenizer 'bpe' trains a BPE of `vocab_size` ids on the training split, or reuses
     the one at `tokenizer_from` (a dataset folder, out_dir, checkpoint or tokenizer.json)."""
@@ -308,8 +303,7 @@ def prepare_dataset(
                 vocab_size = GPT2_VOCAB_SIZE
             with progress_bar(progress, total_bytes, "tokenize") as bar:
                 meta = write_dataset(
-                    folder, make_segments, sources, errors, tokenizer, scan, rule, pool, workers, chunk_chars, bar, bpe,
-                    extra_meta,
+                    folder, make_segments, sources, errors, tokenizer, scan, rule, pool, workers, chunk_chars, bar, bpe
                 )
         finally:
             _clean_up(pool, copies)
