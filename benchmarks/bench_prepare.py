@@ -126,6 +126,20 @@ def child_prepare(corpus, tokenizer, out_dir, workers):
     )
 
 
+def child_corpus(copy, out_dir, workers):
+    """prepare.py fineweb_edu from a local copy (gptkit/prepare/shards.py's file-by-file path)."""
+    from gptkit.prepare import build
+    from gptkit.prepare.corpora import prepare_corpus
+
+    t0 = time.perf_counter()
+    folder = prepare_corpus("fineweb_edu", out_dir, base=copy, workers=workers, progress=False)
+    seconds = time.perf_counter() - t0
+    meta = json.loads((Path(folder) / "meta.json").read_text())
+    n_workers = build.default_workers() if workers is None else workers
+    print(json.dumps({"seconds": seconds, "tokens": sum(meta["num_tokens"].values()), "peak_kib": vm_hwm_kib(),
+                      "workers": n_workers, "cpu": cpu_seconds()}))
+
+
 def tree_rss_kib(pid):
     """Resident memory of a process and all its descendants, from /proc (0 once it is gone)."""
     total = 0
@@ -233,14 +247,23 @@ def parquet_table(args):
         ["input", "MB of text", "tokens", "seconds", "tokens/s", "CPU s", "peak RSS MB"],
         note="The same documents (1-8 KB each, Tiny Shakespeare's lines shuffled) as one .parquet file "
         "(a text column, row groups of 1,024 rows) and as a folder of one .txt file per document; "
-        "prepare.py --tokenizer gpt2 on each, in a fresh process; peak RSS as above. Equal token counts "
+        "prepare.py --input ... --tokenizer gpt2 on each, and prepare.py fineweb_edu reading the .parquet "
+        "as a local copy of its repository (file by file, resumable: its split is per file, so its val "
+        "differs), each in a fresh process; peak RSS as above. Equal token counts "
         "show the same documents; a peak that stays flat when the corpus doubles shows bounded memory.",
     )
     for mb in (args.parquet_mb, 2 * args.parquet_mb):
         with tempfile.TemporaryDirectory(prefix="bench_parquet_") as tmp:
             parquet, txt = make_documents(tmp, mb * 1_000_000)
-            for name, path in ((".parquet", parquet), (".txt folder", txt)):
-                r = run_child(f"child_prepare({str(path)!r}, 'gpt2', {tmp!r}, {args.workers!r})")
+            copy = Path(tmp) / "copy"  # the same file as a local copy of FineWeb-Edu's repository
+            (copy / "sample" / "10BT").mkdir(parents=True)
+            os.link(parquet, copy / "sample" / "10BT" / "000_00000.parquet")
+            for name, call in (
+                (".parquet", f"child_prepare({str(parquet)!r}, 'gpt2', {tmp!r}, {args.workers!r})"),
+                (".txt folder", f"child_prepare({str(txt)!r}, 'gpt2', {tmp!r}, {args.workers!r})"),
+                ("fineweb_edu, local copy", f"child_corpus({str(copy)!r}, {tmp!r}, {args.workers!r})"),
+            ):
+                r = run_child(call)
                 table.add_row(name, mb, r["tokens"], r["seconds"], r["tokens"] / r["seconds"], r["cpu"],
                               r["peak_kib"] / 1024)
     return table

@@ -156,7 +156,7 @@ def tokenize_files(folder, paths, described, workers, bar):
     from gptkit.tokenizer import GPT2_EOT_ID
 
     workers = default_workers() if workers is None else max(1, int(workers))
-    if sum(Path(p).stat().st_size for p in paths) < CHUNK_CHARS:
+    if sum(Path(p).stat().st_size for p in paths) < 2 * CHUNK_CHARS:
         workers = 1  # starting processes would cost more than it saves
     done, counts, building = encode_files(folder, paths, described["files"], VAL_FRACTION, workers, bar)
     meta = {
