@@ -61,6 +61,7 @@ class FakeHub:
         self.ignore_range = False
         self.lie_size = {}  # repo path -> size the listing claims
         self.slow = None  # (bytes, seconds): send files in pieces of `bytes` with a pause between
+        self.extra_entries = []  # listing entries added as they are (a hostile or broken listing)
         self.page_size = 1000  # entries per listing page; the rest behind a Link: rel="next" cursor
 
     def add(self, repo, revision, path, table, row_group_size=64):
@@ -112,6 +113,7 @@ class FakeHub:
                         "type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": size, "path": rel,
                         "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134},
                     })
+                entries += hub.extra_entries
                 page = entries[cursor : cursor + hub.page_size]
                 body = json.dumps(page).encode()
                 self.send_response(200)

@@ -77,15 +77,32 @@ def list_files(base, repo, revision, folder, suffix=".parquet"):
                 f"could not list {repo}/{folder} at {url} ({_why(e)}): offline, or a mirror? set --base_url "
                 "or HF_ENDPOINT to one that serves the Hub's routes"
             )
-        for entry in entries if isinstance(entries, list) else []:
-            if entry.get("type") == "file" and entry.get("path", "").endswith(suffix):
-                lfs = entry.get("lfs") or {}
-                files.append(RemoteFile(entry["path"], int(entry["size"]), lfs.get("oid")))
+        if not isinstance(entries, list):
+            raise UserError(f"{url} did not answer with the Hub's file listing (a JSON list)")
+        files += [f for entry in entries if (f := listed_file(entry, folder, suffix, url))]
         match = re.search(r'<([^>]+)>;\s*rel="next"', link)  # the Hub pages long listings
         url = match.group(1) if match else None
     if not files:
         raise UserError(f"{url or tree_url(base, repo, revision, folder)} lists no {suffix} files")
     return sorted(files, key=lambda f: f.path)
+
+
+def listed_file(entry, folder, suffix, url):
+    """A RemoteFile for one entry of the listing (None for a folder or another kind of
+    file). Its path must lie inside `folder`: it becomes a path on this disk."""
+    try:
+        if entry.get("type") != "file" or not entry["path"].endswith(suffix):
+            return None
+        path, size, lfs = entry["path"], int(entry["size"]), entry.get("lfs") or {}
+        sha256 = lfs.get("oid")
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise UserError(f"{url} answered with a listing entry that is not the Hub's: {str(entry)[:120]}") from None
+    parts = path.split("/")
+    if not path.startswith(folder.rstrip("/") + "/") or any(p in ("", ".", "..") for p in parts) or "\\" in path:
+        raise UserError(f"{url} lists a file outside {folder}: {path[:200]!r}")
+    if size < 0 or (sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", str(sha256))):
+        raise UserError(f"{url} lists {path} with a size or sha256 that cannot be right")
+    return RemoteFile(path, size, sha256)
 
 
 def sha256_of(path):
@@ -102,10 +119,14 @@ def fetch(url, dest, size, sha256=None, bar=None):
     checked = dest.with_name(dest.name + ".sha256")
     if dest.is_file() and dest.stat().st_size == size:
         if sha256 is None:
+            if bar is not None:
+                bar.update(size)
             return dest
         recorded = checked.read_text().strip() if checked.is_file() else sha256_of(dest)
         if recorded == sha256:
             checked.write_text(sha256 + "\n")
+            if bar is not None:
+                bar.update(size)
             return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")

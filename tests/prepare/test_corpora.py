@@ -240,6 +240,19 @@ def test_damaged_short_and_missing_shards_are_refused(hub, tmp_path):
     assert not (data / "fineweb_edu" / "meta.json").exists()
 
 
+@pytest.mark.parametrize("entry, message", [
+    ({"type": "file", "path": "sample/10BT/../../../evil.parquet", "size": 5}, "lists a file outside sample/10BT"),
+    ({"type": "file", "path": "elsewhere/x.parquet", "size": 5}, "lists a file outside sample/10BT"),
+    ({"type": "file", "path": "sample/10BT/x.parquet", "size": "many"}, "not the Hub's"),
+    ({"type": "file", "path": "sample/10BT/x.parquet", "size": 5, "lfs": {"oid": "zz"}}, "cannot be right"),
+])
+def test_a_listing_that_is_not_the_hubs_is_refused(hub, tmp_path, entry, message):
+    hub.extra_entries = [entry]
+    with pytest.raises(UserError, match=message):
+        run(hub, tmp_path / "data", "fineweb_edu")
+    assert not (tmp_path / "evil.parquet").exists() and not (tmp_path / "data").exists()
+
+
 def test_command_line_errors_are_one_line(hub, tmp_path):
     hub.missing.add(f"{FW_FOLDER}/000_00000.parquet")
     env_run = subprocess.run(
