@@ -283,9 +283,9 @@ def test_train_reads_the_downloaded_corpus(hub, tmp_path):
     data = tmp_path / "data"
     run(hub, data, "fineweb_edu", "--shards", "2")
     out = tmp_path / "out"
-    assert train.main(tiny_args(data, out, dataset="fineweb_edu", max_iters=12, eval_interval=12)) == 0
+    assert train.main(tiny_args(data, out, dataset="fineweb_edu", max_iters=8, eval_interval=8)) == 0
     losses = losses_by_iter(out)
-    assert losses[max(losses)] < losses[0] - 2, losses  # from ln(50257) = 10.8 towards the corpus's few words
+    assert losses[max(losses)] < losses[0] - 1.5, losses  # from ln(50257) = 10.8 towards the corpus's few words
     import eval as eval_script
 
     # eval.py scores the same val split, and the same documents given as a Parquet file
