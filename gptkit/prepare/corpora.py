@@ -116,7 +116,8 @@ def download(name, sample, base, corpus, files, downloads, progress):
     if progress:
         print(f"{name} {sample}: {len(files)} file(s) from {base}, {total / 1e9:,.2f} GB "
               f"({here / 1e9:,.2f} GB already in {downloads})", file=sys.stderr)
-    with FolderLock(downloads, "prepare.py", "use another --data_dir"), progress_bar(progress, total, "download") as bar:
+    lock = FolderLock(downloads, "prepare.py", "use another --data_dir")
+    with lock, progress_bar(progress, total, "download") as bar:
         return [
             fetch(resolve_url(base, corpus.repo, corpus.revision, f.path), downloads / f.path, f.size, f.sha256, bar)
             for f in files
@@ -166,8 +167,9 @@ def tokenize_files(folder, paths, described, workers, bar):
         "dtype": "uint16",
         "eot_id": GPT2_EOT_ID,
         "num_tokens": counts,
-        "sources": [
-            {"path": str(p), "bytes": f["bytes"], "sha256": f["sha256"], "num_tokens": {"train": d["train"], "val": d["val"]}}
+        "sources": [  # each file's tokens too: a later run with more files keeps these
+            {"path": str(p), "bytes": f["bytes"], "sha256": f["sha256"],
+             "num_tokens": {"train": d["train"], "val": d["val"]}}
             for p, f, d in zip(paths, described["files"], done)
         ],
         "split": split_rule(VAL_FRACTION),

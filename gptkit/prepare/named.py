@@ -18,7 +18,8 @@ def prepare_named(name, out_dir="data", input_path=None, *, workers=None, progre
 
         return prepare_corpus(name, out_dir, workers=workers, progress=progress, **amount)
     if amount:
-        raise UserError(f"--sample, --shards and --base_url go with a downloaded corpus ({', '.join(DOWNLOADED_CORPORA)})")
+        corpora = ", ".join(DOWNLOADED_CORPORA)
+        raise UserError(f"--sample, --shards and --base_url go with a downloaded corpus ({corpora})")
     if name == "arithmetic_chat":
         from gptkit.prepare.arithmetic import prepare_arithmetic_chat
 
