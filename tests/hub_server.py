@@ -58,6 +58,7 @@ class FakeHub:
         self.cut_once = {}  # repo path -> bytes to send before dropping the connection (once)
         self.corrupt = set()
         self.missing = set()
+        self.status_once = {}  # repo path -> an HTTP error status to answer once (503: busy)
         self.ignore_range = False
         self.lie_size = {}  # repo path -> size the listing claims
         self.slow = None  # (bytes, seconds): send files in pieces of `bytes` with a pause between
@@ -130,6 +131,8 @@ class FakeHub:
                 f = hub.root / repo / str(revision) / path
                 if revision is None or path in hub.missing or not f.is_file():
                     return self.send_error(404, "Entry Not Found")
+                if path in hub.status_once:
+                    return self.send_error(hub.status_once.pop(path))
                 data = f.read_bytes()
                 if path in hub.corrupt:
                     data = data[:100] + bytes([data[100] ^ 0xFF]) + data[101:]

@@ -10,8 +10,9 @@ is complete and right; DEST.sha256 records the digest checked, so a later run
 neither downloads nor reads it again (a file the publisher has changed since, or
 one copied in by hand, is checked, and fetched again if it differs). A .part
 left by a stopped run (Ctrl-C, a lost connection, kill -9) is continued with an
-HTTP Range request from its last byte; a server that ignores Range sends the whole
-file, which then replaces the .part. A file whose size or sha256 is wrong is
+HTTP Range request from its last byte (in the same run, up to RETRIES times after
+a lost connection, a timeout or a server's 429 or 5xx); a server that ignores Range
+sends the whole file, which then replaces the .part. A file whose size or sha256 is wrong is
 removed and refused in one line.
 
 `base` is https://huggingface.co or a mirror that serves the same two routes
@@ -23,6 +24,8 @@ import http.client
 import json
 import os
 import re
+import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -33,6 +36,8 @@ from gptkit.errors import UserError
 
 BLOCK = 1 << 20
 TIMEOUT_S = 60
+RETRIES = 4  # a stopped download is continued this many times before giving up (waits 2, 4, 8, 16 s)
+RETRY_WAIT_S = 2
 
 
 @dataclass(frozen=True)
@@ -136,8 +141,19 @@ def fetch(url, dest, size, sha256=None, bar=None):
         have = 0
     if bar is not None:
         bar.update(have)
-    if have < size:
-        _download(url, part, have, size, bar)
+    for attempt in range(RETRIES + 1):
+        if have >= size:
+            break
+        try:
+            _download(url, part, have, size, bar)
+            break
+        except Stopped as e:
+            if attempt == RETRIES:
+                raise
+            wait = min(RETRY_WAIT_S * 2**attempt, 60)
+            print(f"{e} (trying again in {wait:g} s, {RETRIES - attempt} tries left)", file=sys.stderr)
+            time.sleep(wait)
+            have = part.stat().st_size if part.is_file() else 0  # the bar has counted these already
     got = part.stat().st_size
     if got != size:  # more than the listing says (without a Content-Length to tell us before)
         part.unlink()
@@ -156,6 +172,11 @@ def fetch(url, dest, size, sha256=None, bar=None):
     return dest
 
 
+class Stopped(UserError):
+    """A download that stopped on the way (a lost connection, a timeout, a server's
+    passing error): what arrived is kept and fetch tries again from there."""
+
+
 def _download(url, part, have, size, bar):
     """Append url's bytes from `have` on to part (or rewrite it when the server sends all)."""
     request = urllib.request.Request(url)
@@ -167,29 +188,36 @@ def _download(url, part, have, size, bar):
         if e.code == 416 and have:  # the range starts past the file's end: the .part is not a prefix of it
             part.unlink()
             raise UserError(f"{url} is shorter than the {have:,} bytes already downloaded: removed, run again")
-        raise UserError(f"could not download {url} ({_why(e)})")
+        kind = Stopped if e.code == 429 or e.code >= 500 else UserError  # busy or failing, not "no such file"
+        raise kind(f"could not download {url} ({_why(e)})")
     except (OSError, http.client.HTTPException) as e:
-        raise UserError(f"could not download {url} ({_why(e)}): run again to continue where it stopped")
+        raise Stopped(f"could not download {url} ({_why(e)}): run again to continue where it stopped")
     with response:
         resumed = bool(have) and response.status == 206  # 200: the server sent it all, from byte 0
         start = have if resumed else 0
-        length = response.headers.get("Content-Length")
-        if length is not None and start + int(length) != size:
+        length = response.headers.get("Content-Length", "")
+        if length.isdigit() and start + int(length) != size:
             part.unlink(missing_ok=True)
             raise UserError(f"{url} has {start + int(length):,} bytes, the listing says {size:,}: refused")
         if bar is not None and have and not resumed:
             bar.update(-have)
         written = start
         with open(part, "ab" if resumed else "wb") as f:
-            try:
-                while block := response.read1(BLOCK):  # what has arrived, up to BLOCK: a kill loses little
+            while True:
+                try:
+                    block = response.read1(BLOCK)  # what has arrived, up to BLOCK: a kill loses little
+                except (OSError, http.client.HTTPException) as e:  # a reset, a timeout, a cut: what arrived is kept
+                    raise Stopped(f"the download of {url} stopped ({_why(e)}): run again to continue where it stopped")
+                if not block:
+                    break
+                try:
                     f.write(block)
-                    written += len(block)
-                    if bar is not None:
-                        bar.update(len(block))
-            except (OSError, http.client.HTTPException) as e:  # a reset, a timeout, a cut: what arrived is kept
-                raise UserError(f"the download of {url} stopped ({_why(e)}): run again to continue where it stopped")
+                except OSError as e:  # a full disk: no retry helps
+                    raise UserError(f"cannot write {part}: {e.strerror or e}")
+                written += len(block)
+                if bar is not None:
+                    bar.update(len(block))
     if written < size:
-        raise UserError(
+        raise Stopped(
             f"the download of {url} stopped at {written:,} of {size:,} bytes: run again to continue where it stopped"
         )

@@ -12,6 +12,7 @@ import pytest
 
 import prepare
 from gptkit.errors import UserError
+from gptkit.prepare import download
 from hub_server import FakeHub, fineweb_edu_table, openwebtext_table, random_texts
 from repo import REPO
 
@@ -23,7 +24,8 @@ SHARD_ROWS = 300
 
 
 @pytest.fixture
-def hub(tmp_path):
+def hub(tmp_path, monkeypatch):
+    monkeypatch.setattr(download, "RETRIES", 0)  # a stopped download ends the run (tests of the next run)
     hub = FakeHub(tmp_path / "hub")
     for shard in range(3):
         texts = random_texts(SHARD_ROWS, seed=shard)
@@ -206,6 +208,21 @@ def test_kill_9_mid_download_then_resume(hub, tmp_path):
     want_train, want_val = expected_bins([0])
     _, train, val = bins(data / "fineweb_edu")
     assert np.array_equal(train, want_train) and np.array_equal(val, want_val)
+
+
+def test_a_stopped_download_is_continued_in_the_same_run(hub, tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(download, "RETRIES", 2)
+    monkeypatch.setattr(download, "RETRY_WAIT_S", 0.01)
+    target = f"{FW_FOLDER}/000_00000.parquet"
+    hub.cut_once[target] = 5000
+    data = tmp_path / "data"
+    run(hub, data, "fineweb_edu", "--shards", "1")
+    assert [r for p, r in hub.requests if "/resolve/" in p] == [None, "bytes=5000-"]
+    assert "stopped at 5,000 of" in capfd.readouterr().err
+    hub.status_once[f"{FW_FOLDER}/001_00000.parquet"] = 503  # busy: tried again
+    run(hub, data, "fineweb_edu", "--shards", "2")
+    assert "HTTP 503" in capfd.readouterr().err
+    assert (data / "fineweb_edu" / "download" / target).read_bytes() == hub.file(FW_REPO, FW_REV, target).read_bytes()
 
 
 def test_server_that_ignores_range_restarts_the_file(hub, tmp_path):
