@@ -146,3 +146,33 @@ def test_eval_reads_parquet_documents(corpus):
     from_parquet = ["".join(doc) for doc in iter_documents(resolve_inputs([str(folder)]))]
     from_jsonl = ["".join(doc) for doc in iter_documents(resolve_inputs([str(jsonl)]))]
     assert from_parquet == from_jsonl and len(from_parquet) == 198
+
+
+PEAK_RSS = """
+import sys
+from gptkit.prepare import build
+build.prepare_dataset([sys.argv[1]], "char", "m", sys.argv[2], workers=1, progress=False)
+print([line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")][0])  # KiB
+"""
+
+
+def test_peak_memory_does_not_grow_with_a_parquet_input(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from repo import REPO
+
+    if not Path("/proc/self/status").exists():
+        pytest.skip("reads VmHWM from Linux's /proc")
+    row = "The quick brown fox jumps over the lazy dog; sphinx of black quartz, judge my vow.\n" * 12
+    peaks = {}
+    for mb in (4, 32):
+        path = tmp_path / f"{mb}.parquet"
+        pq.write_table(pa.table({"text": [row] * (mb * 2**20 // len(row))}), path, row_group_size=1024)
+        result = subprocess.run([sys.executable, "-c", PEAK_RSS, str(path), str(tmp_path / str(mb))],
+                                capture_output=True, text=True, cwd=REPO)
+        assert result.returncode == 0, result.stderr
+        peaks[mb] = int(result.stdout.split()[-1]) / 1024
+    # Reading 32 MB whole would add ~28 MB of text and ~56 MB of ids; streaming adds ~nothing.
+    assert peaks[32] - peaks[4] < 16, peaks
