@@ -1,5 +1,6 @@
 """bench.py's command line: its own flags go before or after the suite's name."""
 
+import pytest
 import torch
 
 import bench
@@ -44,3 +45,19 @@ def test_the_chat_step_suite_times_each_share_against_every_position_scored():
         torch.set_num_threads(threads)
     assert [row[0] for row in table.rows] == ["25%", "100%"] and table.rows[1][1] == "16"
     assert 0 < int(table.rows[0][1]) < 16 and table.rows[1][3] == "1.00x"
+
+
+@pytest.mark.slow
+def test_the_prepare_suites_parquet_table_shows_the_same_tokens_at_a_tiny_size():
+    import argparse
+
+    from benchmarks import bench_prepare
+
+    parser = argparse.ArgumentParser()
+    bench_prepare.add_arguments(parser)
+    (table,) = bench_prepare.run(parser.parse_args(["--tokenizers", "", "--parquet_mb", "1", "--workers", "1"]))
+    assert [(row[0], row[1]) for row in table.rows] == [
+        (".parquet", "1"), (".txt folder", "1"), ("fineweb_edu, local copy", "1"),
+        (".parquet", "2"), (".txt folder", "2"), ("fineweb_edu, local copy", "2")]
+    for first in (0, 3):  # the same documents in every form: the same token count
+        assert len({table.rows[first + i][2] for i in range(3)}) == 1 and int(table.rows[first][2].replace(",", "")) > 0
