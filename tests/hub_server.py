@@ -63,6 +63,7 @@ class FakeHub:
         self.lie_size = {}  # repo path -> size the listing claims
         self.slow = None  # (bytes, seconds): send files in pieces of `bytes` with a pause between
         self.extra_entries = []  # listing entries added as they are (a hostile or broken listing)
+        self.redirect = False  # answer resolve with 302 to /cdn/..., as the Hub sends LFS files to its CDN
         self.page_size = 1000  # entries per listing page; the rest behind a Link: rel="next" cursor
 
     def add(self, repo, revision, path, table, row_group_size=64):
@@ -86,8 +87,15 @@ class FakeHub:
                 hub.requests.append((path, self.headers.get("Range")))
                 if path.startswith("/api/datasets/"):
                     return self.tree(path.removeprefix("/api/datasets/"))
+                if path.startswith("/datasets/") and hub.redirect:
+                    self.send_response(302)
+                    self.send_header("Location", f"{hub.url}/cdn/{path.removeprefix('/datasets/')}")
+                    self.send_header("Content-Length", "0")
+                    return self.end_headers()
                 if path.startswith("/datasets/"):
                     return self.resolve(path.removeprefix("/datasets/"))
+                if path.startswith("/cdn/"):
+                    return self.resolve(path.removeprefix("/cdn/"))
                 self.send_error(404)
 
             def split(self, rest, verb):
