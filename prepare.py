@@ -165,6 +165,8 @@ def main(argv=None):
             )
         amount = {k: v for k in ("sample", "shards", "base_url") if (v := getattr(args, k)) is not None}
         if args.dataset in DOWNLOADED_CORPORA:
+            if args.errors != "strict":
+                raise UserError(f"{args.dataset} is published as valid UTF-8: --errors goes with --input")
             if args.input is not None:
                 raise UserError(f"{args.dataset} is downloaded: for local Parquet files use --input PATH "
                                 "--tokenizer gpt2 --name NAME (or --base_url for a mirror)")

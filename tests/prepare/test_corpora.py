@@ -287,6 +287,8 @@ def test_command_line_errors_are_one_line(hub, tmp_path):
         (["fineweb_edu", "--shards", "9"], "has 3 files; --shards 9 asks for more"),
         (["shakespeare_char", "--shards", "1"], "go with a downloaded corpus"),
         (["openwebtext", "--input", "x.parquet"], "openwebtext is downloaded"),
+        (["openwebtext", "--errors", "replace"], "--errors goes with --input"),
+        (["fineweb_edu", "--tokenizer", "char"], "fixes the tokenizer"),
     ]:
         with pytest.raises(UserError, match=message):
             run(hub, tmp_path / "e", *args)
