@@ -1,6 +1,6 @@
 """Score checkpoints on any text, a prepared split or HellaSwag, and compare them in one table.
 
-    python eval.py out-shakespeare-char --input held_out.txt       # a text, a folder of .txt, a .jsonl
+    python eval.py out-shakespeare-char --input held_out.txt       # a text, a folder, a .jsonl, a .parquet
     python eval.py out-a out-b/best.pt --dataset shakespeare_char --split val
     python eval.py --init_from gpt2 --input held_out.txt --stride 512
     python eval.py out-shakespeare --init_from gpt2 --hellaswag download --json results.json
@@ -53,7 +53,7 @@ def parse_args(argv):
                         help="also score OpenAI's GPT-2: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a Hugging Face folder (repeatable)")
     text = parser.add_mutually_exclusive_group()
     text.add_argument("--input", nargs="+", metavar="PATH",
-                      help="text file, folder of .txt files, .jsonl (a \"text\" per line), a pipe, or - (standard input)")
+                      help="text file, folder of .txt and .parquet files, .jsonl (a \"text\" per line), .parquet (its text column), a pipe, or - (standard input)")
     text.add_argument("--dataset", help="a dataset prepared by prepare.py (under --data_dir): score a whole split")
     parser.add_argument("--split", choices=("val", "train"), default="val", help="with --dataset (default: %(default)s)")
     parser.add_argument("--data_dir", default="data", help="folder holding the dataset folders (default: %(default)s)")

@@ -5,6 +5,8 @@
     python prepare.py --input notes.txt books/ web.jsonl --tokenizer gpt2 --name mine
     python prepare.py --input books/ --tokenizer bpe --vocab_size 4096 --name books   # your own BPE
     python prepare.py talks --input talks.jsonl --format chat  # conversations (docs/chat.md)
+    python prepare.py fineweb_edu --shards 1   # web corpora by name: openwebtext, fineweb_edu (docs/data.md)
+    python prepare.py --input pages/ --tokenizer gpt2 --name pages   # .parquet files, their text column
 
 What the files hold and how they are written: gptkit/prepare/build.py.
 """
@@ -15,7 +17,7 @@ from gptkit.errors import quiet_start
 
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 from gptkit.errors import ArgumentParser, UserError, run_main
-from gptkit.prepare.build import NAMED_DATASETS, check_dataset_name, prepare_dataset
+from gptkit.prepare.build import DOWNLOADED_CORPORA, NAMED_DATASETS, check_dataset_name, prepare_dataset
 from gptkit.prepare.named import prepare_named
 from gptkit.prepare.shakespeare import SHAKESPEARE_URL
 
@@ -37,9 +39,16 @@ examples:
   python prepare.py talks --input talks.jsonl --format chat [--tokenizer char|gpt2|bpe] [--block_size N]
       conversations, one {"messages": [...]} a line (or a folder of such files) -> data/talks
       with a target mask per split (docs/chat.md); python prepare.py arithmetic_chat makes some
+  python prepare.py openwebtext
+      OpenWebText (~9B tokens) as nanoGPT trains GPT-2 on: its Parquet files downloaded from the
+      Hugging Face Hub into data/openwebtext/download, checked, tokenized with GPT-2 BPE
+  python prepare.py fineweb_edu [--sample 10BT|100BT|350BT] [--shards N]
+      FineWeb-Edu's 10B-token sample (or the first N files of a sample). Both resume where a
+      stopped run was; --base_url URL or HF_ENDPOINT=URL for a mirror or a local copy
 
-inputs: a text file is one document; a folder is every .txt file below it (sorted), one
-document each; a .jsonl file is one document per line, in its "text" field; - (standard
+inputs: a text file is one document; a folder is every .txt and .parquet file below it
+(sorted); a .jsonl file is one document per line, in its "text" field; a .parquet file is
+one document per row, in its text column (--text_column NAME for another); - (standard
 input), a named pipe or <(zcat corpus.gz) is one document, copied once into data/NAME. One document
 is split at --val_fraction of its characters (as nanoGPT); several documents are split by
 whole documents, evenly spaced. With GPT-2 BPE and several documents, the end-of-text token
@@ -71,7 +80,12 @@ def build_parser():
                         "with --format chat, the name of yours")
     parser.add_argument(
         "--input", nargs="+", metavar="PATH",
-        help="text file(s), folder(s) of .txt, .jsonl file(s), a pipe or <(command), or - for standard input",
+        help="text file(s), .jsonl or .parquet file(s), folder(s) of .txt and .parquet, a pipe or <(command), "
+        "or - for standard input",
+    )
+    parser.add_argument(
+        "--text_column", default=None, metavar="NAME",
+        help="the column of .parquet inputs that holds the text (default text)",
     )
     parser.add_argument(
         "--tokenizer",
@@ -116,6 +130,18 @@ def build_parser():
         "--block_size", type=int, default=None, metavar="N",
         help="with --format chat: a conversation longer than N + 1 tokens is an error (or skipped with --errors skip)",
     )
+    parser.add_argument(
+        "--sample", metavar="NAME", help="fineweb_edu: which published sample, 10BT (default), 100BT or 350BT",
+    )
+    parser.add_argument(
+        "--shards", type=int, default=None, metavar="N",
+        help="openwebtext, fineweb_edu: only the first N Parquet files (default: all of the sample)",
+    )
+    parser.add_argument(
+        "--base_url", metavar="URL",
+        help="openwebtext, fineweb_edu: where the files are: the Hub or a mirror (default $HF_ENDPOINT, else "
+        "https://huggingface.co), or a folder holding a local copy of the repository",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
@@ -131,20 +157,28 @@ def main(argv=None):
         raise UserError("--block_size goes with --format chat (a text dataset is cut into windows by train.py)")
     if args.dataset is not None:
         check_dataset_name(args.dataset)
-        own = (args.tokenizer, args.name, args.val_fraction, args.vocab_size, args.tokenizer_from)
+        own = (args.tokenizer, args.name, args.val_fraction, args.vocab_size, args.tokenizer_from, args.text_column)
         if any(v is not None for v in own):
             raise UserError(
                 f"{args.dataset} fixes the tokenizer, name and split; --tokenizer, --name, --val_fraction, "
-                "--vocab_size and --tokenizer_from go with --input for your own data"
+                "--vocab_size, --tokenizer_from and --text_column go with --input for your own data"
             )
-        if args.input is not None and len(args.input) != 1:
+        amount = {k: v for k in ("sample", "shards", "base_url") if (v := getattr(args, k)) is not None}
+        if args.dataset in DOWNLOADED_CORPORA:
+            if args.errors != "strict":
+                raise UserError(f"{args.dataset} is published as valid UTF-8: --errors goes with --input")
+            if args.input is not None:
+                raise UserError(f"{args.dataset} is downloaded: for local Parquet files use --input PATH "
+                                "--tokenizer gpt2 --name NAME (or --base_url for a mirror)")
+            amount["base"] = amount.pop("base_url", None)
+        elif args.input is not None and len(args.input) != 1:
             raise UserError(f"{args.dataset} takes one --input file (a copy of Tiny Shakespeare)")
         input_path = args.input[0] if args.input else None
-        prepare_named(args.dataset, args.data_dir, input_path, workers=args.workers, progress=progress)
+        prepare_named(args.dataset, args.data_dir, input_path, workers=args.workers, progress=progress, **amount)
         return 0
     if args.input is None:
         raise UserError(
-            "nothing to prepare: give a dataset name (shakespeare_char, shakespeare, arithmetic_chat) or "
+            f"nothing to prepare: give a dataset name ({', '.join(NAMED_DATASETS)}) or "
             "--input PATH --tokenizer {char,gpt2,bpe} --name NAME (see python prepare.py --help)"
         )
     if args.tokenizer is None:
@@ -162,6 +196,7 @@ def main(argv=None):
         progress,
         vocab_size=args.vocab_size,
         tokenizer_from=args.tokenizer_from,
+        text_column=args.text_column or "text",
     )
     return 0
 

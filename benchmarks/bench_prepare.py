@@ -2,6 +2,12 @@
 
     python bench.py prepare                  # 200 MB corpus, GPT-2 BPE and char-level
     python bench.py prepare --size_mb 20     # a quick smoke run
+    python bench.py prepare --tokenizers "" --parquet_mb 50   # only Parquet vs .txt, 50 then 100 MB
+
+The second table prepares the same documents as .parquet (one row each, a `text`
+column, as the web corpora are published) and as a folder of .txt files (one file
+each), at --parquet_mb and at twice that: tokens/s, and a peak memory that should
+not grow with the corpus.
 
 The simple way is nanoGPT's: read the whole file, encode it in one call in one
 process (tiktoken's encode_ordinary, or a dict lookup per character), and write
@@ -29,6 +35,8 @@ def add_arguments(parser):
     parser.add_argument("--size_mb", type=int, default=200, help="generated corpus size in MB (default 200)")
     parser.add_argument("--workers", type=int, default=None, help="prepare.py's processes (default: all cores)")
     parser.add_argument("--tokenizers", default="gpt2,char", help="comma-separated: gpt2, char")
+    parser.add_argument("--parquet_mb", type=int, default=50,
+                        help="Parquet vs .txt at this size and twice it, GPT-2 BPE (0: skip; default 50)")
 
 
 def make_corpus(path, size_bytes, seed=0):
@@ -43,6 +51,30 @@ def make_corpus(path, size_bytes, seed=0):
             block = "".join(lines)[: size_bytes - written]
             f.write(block)
             written += len(block.encode("utf-8"))
+
+
+def make_documents(folder, size_bytes, seed=0):
+    """The corpus as documents of 1-8 KB (web pages' sizes), written twice: docs.parquet
+    (a `text` column, row groups of 1,024 rows) and txt/ (one .txt file per document, in
+    the same sorted order). Returns (parquet path, txt folder)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    make_corpus(folder / "all.txt", size_bytes, seed)
+    text = (folder / "all.txt").read_text(encoding="utf-8")
+    (folder / "all.txt").unlink()
+    rng = random.Random(seed)
+    docs, start = [], 0
+    while start < len(text):
+        end = min(len(text), start + rng.randint(1000, 8000))
+        docs.append(text[start:end])
+        start = end
+    (folder / "txt").mkdir()
+    for i, doc in enumerate(docs):
+        (folder / "txt" / f"{i:07d}.txt").write_text(doc, encoding="utf-8")
+    pq.write_table(pa.table({"text": docs}), folder / "docs.parquet", row_group_size=1024)
+    return folder / "docs.parquet", folder / "txt"
 
 
 def vm_hwm_kib():
@@ -92,6 +124,20 @@ def child_prepare(corpus, tokenizer, out_dir, workers):
             }
         )
     )
+
+
+def child_corpus(copy, out_dir, workers):
+    """prepare.py fineweb_edu from a local copy (gptkit/prepare/shards.py's file-by-file path)."""
+    from gptkit.prepare import build
+    from gptkit.prepare.corpora import prepare_corpus
+
+    t0 = time.perf_counter()
+    folder = prepare_corpus("fineweb_edu", out_dir, base=copy, workers=workers, progress=False)
+    seconds = time.perf_counter() - t0
+    meta = json.loads((Path(folder) / "meta.json").read_text())
+    n_workers = build.default_workers() if workers is None else workers
+    print(json.dumps({"seconds": seconds, "tokens": sum(meta["num_tokens"].values()), "peak_kib": vm_hwm_kib(),
+                      "workers": n_workers, "cpu": cpu_seconds()}))
 
 
 def tree_rss_kib(pid):
@@ -186,4 +232,38 @@ def run(args):
             if tokenizer == "gpt2" and ours["tokens"] != simple["tokens"]:
                 # one document: prepare.py encodes train and val apart, so a cut may differ by a token or so
                 table.note += f" GPT-2 token counts differ by {ours['tokens'] - simple['tokens']} (the train/val cut)."
-    return [table]
+    tables = [table] if tokenizers else []
+    if args.parquet_mb > 0:
+        tables.append(parquet_table(args))
+    return tables
+
+
+def parquet_table(args):
+    """Parquet against the same documents as .txt files, at parquet_mb and twice that."""
+    from benchmarks.report import Table
+
+    table = Table(
+        f"prepare: Parquet vs .txt, GPT-2 BPE, {args.parquet_mb} and {2 * args.parquet_mb} MB of documents",
+        ["input", "MB of text", "tokens", "seconds", "tokens/s", "CPU s", "peak RSS MB"],
+        note="The same documents (1-8 KB each, Tiny Shakespeare's lines shuffled) as one .parquet file "
+        "(a text column, row groups of 1,024 rows) and as a folder of one .txt file per document; "
+        "prepare.py --input ... --tokenizer gpt2 on each, and prepare.py fineweb_edu reading the .parquet "
+        "as a local copy of its repository (file by file, resumable: its split is per file, so its val "
+        "differs), each in a fresh process; peak RSS as above. Equal token counts "
+        "show the same documents; a peak that stays flat when the corpus doubles shows bounded memory.",
+    )
+    for mb in (args.parquet_mb, 2 * args.parquet_mb):
+        with tempfile.TemporaryDirectory(prefix="bench_parquet_") as tmp:
+            parquet, txt = make_documents(tmp, mb * 1_000_000)
+            copy = Path(tmp) / "copy"  # the same file as a local copy of FineWeb-Edu's repository
+            (copy / "sample" / "10BT").mkdir(parents=True)
+            os.link(parquet, copy / "sample" / "10BT" / "000_00000.parquet")
+            for name, call in (
+                (".parquet", f"child_prepare({str(parquet)!r}, 'gpt2', {tmp!r}, {args.workers!r})"),
+                (".txt folder", f"child_prepare({str(txt)!r}, 'gpt2', {tmp!r}, {args.workers!r})"),
+                ("fineweb_edu, local copy", f"child_corpus({str(copy)!r}, {tmp!r}, {args.workers!r})"),
+            ):
+                r = run_child(call)
+                table.add_row(name, mb, r["tokens"], r["seconds"], r["tokens"] / r["seconds"], r["cpu"],
+                              r["peak_kib"] / 1024)
+    return table

@@ -2,7 +2,7 @@
 # of 8 GPUs, ~0.5M tokens per step (12 windows * 1024 tokens * 40 micro-batches),
 # 600k steps (~300B tokens). nanoGPT reaches a val loss of ~2.85 on OpenWebText.
 #
-#   python prepare.py --input owt/ --tokenizer gpt2 --name openwebtext
+#   python prepare.py openwebtext    # downloads OpenWebText's Parquet files, tokenizes them (docs/data.md)
 #   torchrun --standalone --nproc_per_node=8 train.py configs/gpt2.py
 #
 # Turn on wandb_log to follow the run in Weights & Biases (needs `pip install wandb`).

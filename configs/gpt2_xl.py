@@ -3,7 +3,7 @@
 # (16 bytes a parameter, docs/scaling.md); FSDP over 8 GPUs keeps
 # 1/8 of that, ~3.1 GB, leaving the rest for activations.
 #
-#   python prepare.py --input owt/ --tokenizer gpt2 --name openwebtext
+#   python prepare.py openwebtext    # downloads OpenWebText's Parquet files, tokenizes them (docs/data.md)
 #   torchrun --standalone --nproc_per_node=8 train.py configs/gpt2_xl.py
 #   python -c "from gptkit.train.sharded import sharded_to_single as f; f('out-gpt2-xl', 'out-gpt2-xl/ckpt.pt')"
 #

@@ -31,12 +31,13 @@ from gptkit.untrusted import inside, read_regular, regular_size
 FORMAT_VERSION = 1
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 AUTO_PREPARED = ("shakespeare_char", "shakespeare", "arithmetic_chat")  # names prepare.py can build by itself
+DOWNLOADED = ("openwebtext", "fineweb_edu")  # prepare.py downloads these (gigabytes): never on its own
 MAX_META_BYTES = 64 << 20  # meta.json: a character vocabulary and the list of sources
 FULL_SCAN_BYTES = 1 << 30  # bins up to 1 GiB are checked whole at start-up (~0.1 s per 100 MB)
 
 
 def prepare_command(name):
-    if name in AUTO_PREPARED:
+    if name in AUTO_PREPARED or name in DOWNLOADED:
         return f"python prepare.py {name}"
     return f"python prepare.py --input FILE --tokenizer char|gpt2|bpe --name {name}"
 

@@ -10,6 +10,7 @@ variable GPT_FAULTS to a comma-separated list, e.g.
     GPT_FAULTS=exit_during_prepare      prepare.py dies halfway through writing its bins
     GPT_FAULTS=sigterm_during_prepare   prepare.py sends itself SIGTERM there instead
     GPT_FAULTS=sigterm_during_commit    prepare.py sends itself SIGTERM between its renames
+    GPT_FAULTS=exit_after_first_file    prepare.py openwebtext|fineweb_edu dies once a file is tokenized
     GPT_FAULTS=fail_at=3,fail_rank=1    rank 1 raises a RuntimeError in its forward pass at iteration 3
     GPT_FAULTS=fail_at=3,fail_kind=user the same as a UserError (a bad batch), on every rank without fail_rank
     GPT_FAULTS=kill_at=6,kill_rank=1    rank 1 SIGKILLs itself at iteration 6, in torchrun's first attempt

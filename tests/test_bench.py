@@ -67,3 +67,19 @@ def test_the_tasks_suite_scores_the_same_items_as_lm_eval(monkeypatch, tiktoken_
     assert [row[0] for row in table.rows] == ["eval.py --tasks", "lm-evaluation-harness"]
     assert all(row[4] == "6/6 items" for row in table.rows) and table.rows[1][3] == "1.00x"
     assert all(float(row[2].replace(",", "")) > 0 for row in table.rows)
+
+
+@pytest.mark.slow
+def test_the_prepare_suites_parquet_table_shows_the_same_tokens_at_a_tiny_size():
+    import argparse
+
+    from benchmarks import bench_prepare
+
+    parser = argparse.ArgumentParser()
+    bench_prepare.add_arguments(parser)
+    (table,) = bench_prepare.run(parser.parse_args(["--tokenizers", "", "--parquet_mb", "1", "--workers", "1"]))
+    assert [(row[0], row[1]) for row in table.rows] == [
+        (".parquet", "1"), (".txt folder", "1"), ("fineweb_edu, local copy", "1"),
+        (".parquet", "2"), (".txt folder", "2"), ("fineweb_edu, local copy", "2")]
+    for first in (0, 3):  # the same documents in every form: the same token count
+        assert len({table.rows[first + i][2] for i in range(3)}) == 1 and int(table.rows[first][2].replace(",", "")) > 0

@@ -48,7 +48,9 @@ TOKENIZERS = ("char", "gpt2", "bpe")
 GPT2_VOCAB_SIZE = 50257
 
 SHAKESPEARE_DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2"}
-NAMED_DATASETS = {**SHAKESPEARE_DATASETS, "arithmetic_chat": "char"}  # arithmetic_chat: gptkit/prepare/arithmetic.py
+DOWNLOADED_CORPORA = {"openwebtext": "gpt2", "fineweb_edu": "gpt2"}  # gptkit/prepare/corpora.py
+# arithmetic_chat: gptkit/prepare/arithmetic.py
+NAMED_DATASETS = {**SHAKESPEARE_DATASETS, "arithmetic_chat": "char", **DOWNLOADED_CORPORA}
 
 
 # ---------------------------------------------------------------- writing
@@ -246,8 +248,10 @@ def prepare_dataset(
     vocab_size=None,
     tokenizer_from=None,
     chunk_chars=CHUNK_CHARS,
+    text_column="text",
 ):
-    """Tokenize `inputs` (paths: text files, folders of .txt, .jsonl) into out_dir/name; return the folder.
+    """Tokenize `inputs` (paths: text files, .jsonl, .parquet, folders of .txt and .parquet) into
+    out_dir/name; return the folder. `text_column` is the column read from Parquet files.
 
     tokenizer 'bpe' trains a BPE of `vocab_size` ids on the training split, or reuses
     the one at `tokenizer_from` (a dataset folder, out_dir, checkpoint or tokenizer.json)."""
@@ -263,7 +267,9 @@ def prepare_dataset(
     # The destination before any input is read: a folder that cannot be written fails now,
     # not after the scan and the BPE training.
     folder = claim_output(Path(out_dir) / name, "folder", overwrite=True, what="the dataset folder (--data_dir/--name)")
-    sources = resolve_inputs([str(p) for p in inputs])
+    sources = resolve_inputs([str(p) for p in inputs], text_column)
+    if text_column != "text" and not any(s.kind == "parquet" for s in sources):
+        raise UserError(f"--text_column {text_column} names a Parquet column, but no input is a .parquet file")
     shown = ", ".join(str(p) for p in inputs)
     if tokenizer == "gpt2":
         load_gpt2_encoding()  # here, in one process: offline without tiktoken's files is one clear line

@@ -4,6 +4,9 @@ An input PATH is one of:
     a text file       one document
     a folder          every `.txt` file below it, in sorted order, one document each
     a `.jsonl` file   one document per line, in its "text" field (blank lines skipped)
+    a `.parquet` file one document per row, from its `text` column (or --text_column's):
+                      gptkit/prepare/parquet.py
+    a folder          also every `.parquet` file below it, in the same sorted order
 
     `-`               standard input, one document (a .jsonl from a pipe: name it, e.g. a FIFO x.jsonl)
 
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptkit.errors import UserError
+from gptkit.prepare.parquet import open_parquet, parquet_texts
 
 BLOCK_BYTES = 1 << 20  # read size: large enough that per-block overhead is noise
 STDIN = "-"
@@ -37,13 +41,22 @@ STDIN = "-"
 @dataclass(frozen=True)
 class Source:
     path: Path
-    kind: str  # "text" or "jsonl"
+    kind: str  # "text", "jsonl" or "parquet"
     shown: str  # the path as written in messages and meta.json
     stream: bool = False  # standard input, a FIFO or a pipe: it can be read once only
+    column: str = "text"  # a Parquet file's text column
 
 
-def resolve_inputs(paths):
-    """Expand the user's PATHs into a list of Sources; raise UserError for a bad one."""
+INPUT_SUFFIXES = (".txt", ".parquet")  # what a folder contributes
+
+
+def kind_of(path):
+    return {".jsonl": "jsonl", ".parquet": "parquet"}.get(path.suffix.lower(), "text")
+
+
+def resolve_inputs(paths, text_column="text"):
+    """Expand the user's PATHs into a list of Sources; raise UserError for a bad one.
+    `text_column` is the column read from Parquet files."""
     if not paths:
         raise UserError("no input given: pass --input PATH [PATH ...]")
     if list(paths).count(STDIN) > 1:
@@ -61,21 +74,21 @@ def resolve_inputs(paths):
         except OSError as e:  # a name too long, a loop of symlinks
             raise UserError(f"cannot read input {given}: {e.strerror}")
         if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-            sources.append(Source(path, "jsonl" if path.suffix.lower() == ".jsonl" else "text", str(given), stream=True))
+            if kind_of(path) == "parquet":
+                raise UserError(f"input {given} is a pipe: Parquet is read from its end first, so give a file")
+            sources.append(Source(path, kind_of(path), str(given), stream=True))
         elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
             raise UserError(f"input {given} is a device, not a text file or a pipe: give a file, a folder or -")
         elif path.is_dir():
             files = sorted(
-                (f for f in path.rglob("*.txt") if f.is_file()),
+                (f for f in path.rglob("*") if f.suffix in INPUT_SUFFIXES and f.is_file()),
                 key=lambda f: f.relative_to(path).as_posix(),
             )
             if not files:
-                raise UserError(f"input folder {given} holds no .txt files")
-            sources += [Source(f, "text", str(f)) for f in files]
-        elif path.suffix.lower() == ".jsonl":
-            sources.append(Source(path, "jsonl", str(given)))
+                raise UserError(f"input folder {given} holds no .txt or .parquet files")
+            sources += [Source(f, kind_of(f), str(f), column=text_column) for f in files]
         else:
-            sources.append(Source(path, "text", str(given)))
+            sources.append(Source(path, kind_of(path), str(given), column=text_column))
     for source in sources:
         if source.stream:
             continue  # opening a FIFO waits for its writer: streams are opened once, to be read
@@ -84,6 +97,8 @@ def resolve_inputs(paths):
                 pass
         except OSError as e:
             raise UserError(f"cannot read input {source.shown}: {e.strerror}")
+        if source.kind == "parquet":
+            open_parquet(source.path, source.shown, source.column)  # not Parquet, no such column: now
     return sources
 
 
@@ -225,8 +240,9 @@ def iter_documents(sources, errors="strict", on_raw=None):
     """
     for index, source in enumerate(sources):
         raw_cb = (lambda b, i=index: on_raw(i, b)) if on_raw else None
-        if source.kind == "jsonl":
-            for text in jsonl_texts(source, errors, raw_cb):
+        if source.kind in ("jsonl", "parquet"):
+            texts = jsonl_texts if source.kind == "jsonl" else parquet_texts
+            for text in texts(source, errors, raw_cb):
                 if text:
                     yield iter((text,))
         else:

@@ -226,7 +226,7 @@ def test_empty_inputs(tmp_path):
     )
     (tmp_path / "nothing").mkdir()
     assert_fails(
-        tmp_path, ["--input", str(tmp_path / "nothing"), "--tokenizer", "char", "--name", "x"], "holds no .txt files"
+        tmp_path, ["--input", str(tmp_path / "nothing"), "--tokenizer", "char", "--name", "x"], "holds no .txt or .parquet files"
     )
 
 
@@ -297,7 +297,7 @@ def test_unknown_tokenizer_and_dataset(tmp_path):
     assert_fails(tmp_path, [], "nothing to prepare")
     assert_fails(tmp_path, ["--input", str(tmp_path / "a.txt"), "--tokenizer", "char"], "needs --name")
     with pytest.raises(UserError, match="unknown dataset"):
-        build.prepare_named_dataset("openwebtext", tmp_path)
+        build.prepare_named_dataset("wikitext", tmp_path)
 
 
 def test_failed_download_and_checksum_mismatch(tmp_path, monkeypatch):
