@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from gptkit.serve import api
 from gptkit.serve.api import ApiError
-from gptkit.serve.guard import HostGuard, QuietAcceptErrors, connection_limit, timed_protocol
+from gptkit.serve.guard import LISTEN_BACKLOG, HostGuard, QuietAcceptErrors, connection_limit, timed_protocol
 from gptkit.serve.worker import Job, Overloaded
 
 PAGE = Path(__file__).resolve().parent / "page.html"
@@ -317,7 +317,8 @@ def run_server(app, state, sock, on_ready=None):
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
                             lifespan="off", h11_max_incomplete_event_size=64 * 1024,
-                            http=timed_protocol(state.cfg.request_timeout, connection_limit()), timeout_keep_alive=KEEP_ALIVE_S)
+                            http=timed_protocol(state.cfg.request_timeout, connection_limit()), timeout_keep_alive=KEEP_ALIVE_S,
+                            backlog=LISTEN_BACKLOG)
     server = Server(config)
     server.run(sockets=[sock])
     return server

@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 
+LISTEN_BACKLOG = 128  # connections the kernel holds for us to accept (asyncio takes this many at a time)
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARDS = ("", "0.0.0.0", "::")
 
@@ -92,14 +93,19 @@ def connection_limit(spare=16):
 
 class QuietAcceptErrors:
     """asyncio's exception handler for the server's loop: accept() failing for want of file
-    descriptors (asyncio retries it a second later) is one warning line every
-    `every_s` seconds instead of a traceback a second; anything else goes to asyncio's own."""
+    descriptors is one warning line every `every_s` seconds instead of a traceback each
+    time; anything else goes to asyncio's own. (asyncio schedules a retry a second later
+    for each failed accept(); retries still pending when the server stops find the
+    listening socket closed, a ValueError that is said nowhere either.)"""
 
     def __init__(self, every_s=10.0):
         self.every_s, self.last = every_s, None
 
     def __call__(self, loop, context):
         error = context.get("exception")
+        retry = getattr(context.get("handle"), "_callback", None)
+        if isinstance(error, ValueError) and getattr(retry, "__name__", "") == "_start_serving":
+            return  # a retry after the stop: nothing to serve any more
         if not (isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE)):
             return loop.default_exception_handler(context)
         if self.last is None or loop.time() - self.last >= self.every_s:

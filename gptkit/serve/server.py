@@ -10,6 +10,7 @@ import time
 
 from gptkit.chat import chat_vocabulary
 from gptkit.errors import UserError
+from gptkit.serve.guard import LISTEN_BACKLOG
 
 API_KEY_VARIABLE = "GPTKIT_API_KEY"
 
@@ -49,7 +50,7 @@ def bind(host, port):
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(128)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as e:
         sock.close()
         hint = ": another server is using it; pick another --port" if e.errno == 98 else ""
