@@ -171,53 +171,62 @@ def test_a_reply_longer_than_the_timeout_is_not_cut(server):
 
 
 def test_a_connection_flood_past_the_file_limit_leaves_the_server_answering(checkpoint):
-    s = Server(f"--ckpt={checkpoint}", f"--request_timeout={TIMEOUT_S}", "--allowed_hosts=*", "--require_json=false",
-               open_files=64)
+    """ulimit -n 64 and 200 silent connections: the stalest silent ones are closed to take
+    new ones (not left to their timeout), so a real request is answered during the flood
+    and at once after it; running out of descriptors is a warning line, not tracebacks."""
+    s = Server(f"--ckpt={checkpoint}", "--allowed_hosts=*", "--require_json=false", open_files=64)
+    flood = []
     try:
-        flood = []
-        for _ in range(300):  # far past 64 file descriptors: the kernel holds what the server cannot take
+        for _ in range(200):  # far past 64 file descriptors: the kernel holds what the server cannot take
             flood.append(socket.create_connection(("127.0.0.1", s.port), timeout=10))
-        time.sleep(2 * TIMEOUT_S)
+        t0 = time.monotonic()
+        assert get(s.url + "/health", timeout=8)[0] == 200 and time.monotonic() - t0 < 4  # not the 10 s timeout
         for sock in flood:
             sock.close()
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 10:
-            try:
-                if get(s.url + "/health", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
-        assert time.monotonic() - t0 < 2 * TIMEOUT_S + 3
+        assert get(s.url + "/health", timeout=8)[0] == 200 and time.monotonic() - t0 < 4
         # the server configured otherwise takes any Host and any Content-Type
         assert host_status(s, "anything.example.com")[0] == 200
         body = json.dumps({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}).encode()
         assert post(s.url + "/v1/chat/completions", None, raw=body, headers={"Content-Type": "text/plain"})[0] == 200
     finally:
+        for sock in flood:
+            sock.close()
         code, err = s.stop(signal.SIGINT)
     assert code == 0 and "Traceback" not in err, err
     warnings = [line for line in err.splitlines() if "out of file descriptors" in line]
-    assert 1 <= len(warnings) <= 3, err  # said once in a while, not a traceback a second
+    assert len(warnings) <= 2, err  # said once in a while, not a traceback each time
 
 
-def serve(*args, env=None):
-    import os
-
-    environment = {k: v for k, v in os.environ.items() if k != "GPTKIT_API_KEY"}
-    return subprocess.run([sys.executable, str(REPO / "serve.py"), "--port=0", "--device=cpu", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=60, env={**environment, **(env or {})})
-
-
-@pytest.mark.parametrize("args, env, says", [
-    (["--api_key= secret"], None, "--api_key) starts or ends with a space"),
+@pytest.mark.parametrize("args, key, says", [
+    (["--api_key= secret"], None, "(--api_key) starts or ends with a space"),
     (["--api_key=secret\t"], None, "starts or ends with a space"),
     (["--api_key=sécret"], None, "outside printable ASCII"),
+    (["--api_key=se\x7fcret"], None, "outside printable ASCII"),
     (["--api_key="], None, "is empty"),
-    ([], {"GPTKIT_API_KEY": "secret "}, "GPTKIT_API_KEY) starts or ends with a space"),
-    ([], {"GPTKIT_API_KEY": "clé"}, "outside printable ASCII"),
+    ([], "secret ", "(GPTKIT_API_KEY) starts or ends with a space"),
+    ([], "clé", "outside printable ASCII"),
     (["--request_timeout=0"], None, "request_timeout=0.0 must be above 0"),
     (["--request_timeout=nan"], None, "request_timeout=nan must be above 0"),
     (["--allowed_hosts=evil.com/x"], None, "'evil.com/x' is not a host name"),
 ])
-def test_settings_no_client_could_use_are_one_line_at_start(tmp_path, args, env, says):
-    r = serve(f"--ckpt={tmp_path / 'missing.pt'}", *args, env=env)  # refused before the checkpoint is looked for
-    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+def test_settings_no_client_could_use_are_refused_before_anything_loads(tmp_path, monkeypatch, args, key, says):
+    import serve
+    from gptkit.errors import UserError
+
+    monkeypatch.delenv("GPTKIT_API_KEY", raising=False)
+    if key is not None:
+        monkeypatch.setenv("GPTKIT_API_KEY", key)
+    with pytest.raises(UserError) as e:  # the checkpoint is missing: refused before it is looked for
+        serve.main([f"--ckpt={tmp_path / 'missing.pt'}", "--port=0", *args])
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_key_with_a_space_is_one_line_and_exit_2():
+    import os
+
+    environment = {**os.environ, "GPTKIT_API_KEY": " secret"}
+    r = subprocess.run([sys.executable, str(REPO / "serve.py"), "--port=0", "--ckpt=missing.pt"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60, env=environment)
+    assert r.returncode == 2 and r.stderr.startswith("error: the API key (GPTKIT_API_KEY) starts or ends"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

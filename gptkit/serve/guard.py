@@ -76,9 +76,10 @@ class HostGuard:
         await self.app(scope, receive, send)
 
 
-def connection_limit(spare=16):
+def connection_limit(spare=2 * LISTEN_BACKLOG + 16):
     """How many connections may be open at once: the file-descriptor limit (ulimit -n) less
-    those open now and `spare` for the rest of the process; None when there is no limit."""
+    those open now and `spare` (asyncio's accept() bursts, closes still under way, the rest
+    of the process), at least 8; None when there is no limit."""
     try:
         import resource
 
@@ -88,7 +89,7 @@ def connection_limit(spare=16):
         return None
     if soft == resource.RLIM_INFINITY:
         return None
-    return max(1, soft - open_now - spare)
+    return max(8, soft - open_now - spare)
 
 
 class QuietAcceptErrors:
@@ -130,7 +131,8 @@ def timed_protocol(request_timeout, max_connections):
             if max_connections is not None and len(self.connections) > max_connections:
                 # Full: a new client must not wait for silent ones to time out (nor the next
                 # accept() fail for want of a file descriptor), so the stalest silent one goes.
-                silent = [c for c in self.connections if c.conn.their_state is h11.IDLE]
+                silent = [c for c in self.connections
+                          if c.conn.their_state is h11.IDLE and not c.transport.is_closing()]
                 min(silent, key=lambda c: c.since, default=self).transport.close()
 
         def on_response_complete(self):
