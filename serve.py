@@ -14,7 +14,10 @@ answers /v1/completions. One worker generates, one request at a time (queued, as
 measured in BENCHMARKS.md); up to --queue_size requests wait, one more is answered
 503 at once. Binds 127.0.0.1 unless --host says otherwise; with an API key (--api_key
 or $GPTKIT_API_KEY) every endpoint but /health and the page needs
-`Authorization: Bearer KEY`. SIGINT or SIGTERM cut open streams and exit 0.
+`Authorization: Bearer KEY`. Bodies must be JSON and the Host header the server's
+own (--require_json, --allowed_hosts: no web page elsewhere can drive it); a request
+must arrive whole within --request_timeout seconds. SIGINT or SIGTERM cut open
+streams and exit 0.
 docs/serve.md: the page, Open WebUI and other clients, the limits and errors.
 """
 

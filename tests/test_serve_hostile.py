@@ -124,9 +124,9 @@ def test_a_foreign_host_is_refused_and_the_servers_own_names_served(server):
         assert host_status(server, host)[0] == 200, host
 
 
-def silent_connections(server, n, send=None):
+def silent_connections(server, n, send=None, per_tick=1):
     """Seconds until the server closed each of n connections that send `send` (headers or
-    a body, a byte every 0.1 s), or nothing at all."""
+    a body, `per_tick` bytes every 0.1 s), or nothing at all."""
     socks, closed, t0 = [], {}, time.monotonic()
     for _ in range(n):
         s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
@@ -139,14 +139,14 @@ def silent_connections(server, n, send=None):
                 continue
             try:
                 if send and sent < len(send):
-                    s.send(send[sent: sent + 1])
+                    s.send(send[sent: sent + per_tick])
                 if s.recv(4096) == b"":
                     closed[i] = time.monotonic() - t0
             except BlockingIOError:
                 pass
             except OSError:
                 closed[i] = time.monotonic() - t0
-        sent += 1
+        sent += per_tick
         time.sleep(0.1)
     for s in socks:
         s.close()
@@ -160,6 +160,9 @@ def test_slow_and_silent_connections_are_closed_after_the_timeout(server):
     for send in (None, slow_headers, slow_body):
         times = silent_connections(server, 10, send)
         assert len(times) == 10 and TIMEOUT_S - 0.2 < times[0] and times[-1] < TIMEOUT_S + 2, (send, times)
+    kept_alive = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"  # answered at once, then nothing more
+    times = silent_connections(server, 5, kept_alive, per_tick=len(kept_alive))
+    assert len(times) == 5 and TIMEOUT_S - 0.2 < times[0] and times[-1] < TIMEOUT_S + 2, times
     assert get(server.url + "/health") == (200, {"status": "ok", "model": "tiny", "busy": 0, "capacity": 32})
 
 
