@@ -202,12 +202,12 @@ def test_a_connection_flood_past_the_file_limit_leaves_the_server_answering(chec
 
 
 @pytest.mark.parametrize("args, key, says", [
-    (["--api_key= secret"], None, "(--api_key) starts or ends with a space"),
-    (["--api_key=secret\t"], None, "starts or ends with a space"),
+    (["--api_key= secret"], None, "(--api_key) starts or ends with white space"),
+    (["--api_key=secret\t"], None, "starts or ends with white space"),
     (["--api_key=sécret"], None, "outside printable ASCII"),
     (["--api_key=se\x7fcret"], None, "outside printable ASCII"),
     (["--api_key="], None, "is empty"),
-    ([], "secret ", "(GPTKIT_API_KEY) starts or ends with a space"),
+    ([], "secret ", "(GPTKIT_API_KEY) starts or ends with white space"),
     ([], "clé", "outside printable ASCII"),
     (["--request_timeout=0"], None, "request_timeout=0.0 must be above 0"),
     (["--request_timeout=nan"], None, "request_timeout=nan must be above 0"),
@@ -231,5 +231,5 @@ def test_a_key_with_a_space_is_one_line_and_exit_2():
     environment = {**os.environ, "GPTKIT_API_KEY": " secret"}
     r = subprocess.run([sys.executable, str(REPO / "serve.py"), "--port=0", "--ckpt=missing.pt"], cwd=REPO,
                        capture_output=True, text=True, timeout=60, env=environment)
-    assert r.returncode == 2 and r.stderr.startswith("error: the API key (GPTKIT_API_KEY) starts or ends"), r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("error: the API key (GPTKIT_API_KEY) starts or ends with white space"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

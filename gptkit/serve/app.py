@@ -315,10 +315,10 @@ def run_server(app, state, sock, on_ready=None):
             if on_ready is not None and self.started:
                 on_ready(self)
 
+    protocol = timed_protocol(state.cfg.request_timeout, connection_limit())  # gptkit/serve/guard.py
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
-                            lifespan="off", h11_max_incomplete_event_size=64 * 1024,
-                            http=timed_protocol(state.cfg.request_timeout, connection_limit()), timeout_keep_alive=KEEP_ALIVE_S,
-                            backlog=LISTEN_BACKLOG)
+                            lifespan="off", h11_max_incomplete_event_size=64 * 1024, http=protocol,
+                            timeout_keep_alive=KEEP_ALIVE_S, backlog=LISTEN_BACKLOG)
     server = Server(config)
     server.run(sockets=[sock])
     return server

@@ -9,7 +9,11 @@ one line by gptkit/serve/app.py:
 - timed_protocol: uvicorn's HTTP/1.1 protocol with a deadline: a client has
   `request_timeout` seconds from connecting (or from its last reply) to send a whole
   request, headers and body, or its connection is closed. Slow or silent clients then
-  cannot hold the server's connections (and file descriptors) for longer than that.
+  cannot hold the server's connections (and file descriptors) for longer than that;
+  and near the file limit (connection_limit), a new connection closes the one that
+  has waited longest without a request, so a flood of them does not keep others out.
+- QuietAcceptErrors: running out of file descriptors anyway is a warning line now and
+  then, not asyncio's traceback for every accept() that failed.
 
     python serve.py --allowed_hosts=gpt.example.org    # a name of this machine, besides localhost
     python serve.py --allowed_hosts='*'                # any Host (behind a proxy that checks it)

@@ -75,7 +75,7 @@ def api_key(cfg):
     if key is None or (key == "" and where == API_KEY_VARIABLE):
         return None  # an empty variable: no key, as if unset
     problem = ("is empty" if key == "" else
-               "starts or ends with a space" if key != key.strip() else
+               "starts or ends with white space" if key != key.strip() else
                "has characters outside printable ASCII" if not (key.isascii() and key.isprintable()) else None)
     if problem:
         raise UserError(f"the API key ({where}) {problem}: an HTTP header cannot carry it as it is, so no client "
