@@ -13,6 +13,8 @@ What we do beyond or short of OpenAI, said once here (docs/serve.md says it for 
 - One `stop` string (a list of one is taken too); n must be 1; no logprobs, tools.
 - top_k, min_p and repetition_penalty are taken as extensions (llama.cpp's servers take them).
 - Fields we do not know are ignored (clients send many); a known field of the wrong type is an error.
+- Every number's kind and range is in NUMBERS (one table); an integer of over MAX_DIGITS
+  digits is not even parsed (read_json); a temperature below sampling.py's MIN_TEMPERATURE is greedy.
 """
 
 import dataclasses
