@@ -124,45 +124,44 @@ def test_a_foreign_host_is_refused_and_the_servers_own_names_served(server):
         assert host_status(server, host)[0] == 200, host
 
 
-def silent_connections(server, n, send=None, per_tick=1):
-    """Seconds until the server closed each of n connections that send `send` (headers or
-    a body, `per_tick` bytes every 0.1 s), or nothing at all."""
-    socks, closed, t0 = [], {}, time.monotonic()
-    for _ in range(n):
-        s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-        s.setblocking(False)
-        socks.append(s)
-    sent = 0
-    while len(closed) < n and time.monotonic() - t0 < TIMEOUT_S + 10:
-        for i, s in enumerate(socks):
-            if i in closed:
+def seconds_until_closed(server, sends):
+    """For each (bytes, bytes per 0.1 s) of `sends`, one connection sending them at that pace:
+    the seconds until the server closed each (None: still open 10 s after the timeout)."""
+    socks = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in sends]
+    closed, t0, tick = [None] * len(sends), time.monotonic(), 0
+    for sock in socks:
+        sock.setblocking(False)
+    while None in closed and time.monotonic() - t0 < TIMEOUT_S + 10:
+        for i, (sock, (data, pace)) in enumerate(zip(socks, sends)):
+            if closed[i] is not None:
                 continue
             try:
-                if send and sent < len(send):
-                    s.send(send[sent: sent + per_tick])
-                if s.recv(4096) == b"":
+                if tick * pace < len(data):
+                    sock.send(data[tick * pace: (tick + 1) * pace])
+                if sock.recv(4096) == b"":
                     closed[i] = time.monotonic() - t0
             except BlockingIOError:
                 pass
             except OSError:
                 closed[i] = time.monotonic() - t0
-        sent += per_tick
+        tick += 1
         time.sleep(0.1)
-    for s in socks:
-        s.close()
-    return sorted(closed.values())
+    for sock in socks:
+        sock.close()
+    return closed
 
 
 def test_slow_and_silent_connections_are_closed_after_the_timeout(server):
     slow_headers = b"GET /health HTTP/1.1\r\n" + b"X-Slow: " + b"a" * 400 + b"\r\n\r\n"
     slow_body = (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"Content-Length: 400\r\n\r\n" + b" " * 400)
-    for send in (None, slow_headers, slow_body):
-        times = silent_connections(server, 10, send)
-        assert len(times) == 10 and TIMEOUT_S - 0.2 < times[0] and times[-1] < TIMEOUT_S + 2, (send, times)
     kept_alive = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"  # answered at once, then nothing more
-    times = silent_connections(server, 5, kept_alive, per_tick=len(kept_alive))
-    assert len(times) == 5 and TIMEOUT_S - 0.2 < times[0] and times[-1] < TIMEOUT_S + 2, times
+    # 10 of each at once: silent, headers a byte at a time, a body a byte at a time, idle after a reply
+    kinds = [(b"", 1), (slow_headers, 1), (slow_body, 1), (kept_alive, len(kept_alive))]
+    times = seconds_until_closed(server, [kind for kind in kinds for _ in range(10)])
+    for k, kind in enumerate(kinds):
+        mine = times[10 * k: 10 * (k + 1)]
+        assert None not in mine and TIMEOUT_S - 0.2 < min(mine) and max(mine) < TIMEOUT_S + 2, (kind[0][:20], mine)
     assert get(server.url + "/health") == (200, {"status": "ok", "model": "tiny", "busy": 0, "capacity": 32})
 
 
