@@ -124,6 +124,33 @@ def test_a_foreign_host_is_refused_and_the_servers_own_names_served(server):
         assert host_status(server, host)[0] == 200, host
 
 
+def test_a_server_on_every_address_serves_the_address_it_was_reached_at():
+    """--host 0.0.0.0: a client on the network names the address it connected to (uvicorn's
+    scope["server"]); another address, or the wildcard itself, is not this server's name."""
+    import asyncio
+
+    from gptkit.serve.guard import HostGuard, allowed_host_names
+
+    def served(host, arrived_at, names=allowed_host_names("0.0.0.0", [])):
+        calls = []
+
+        async def app(scope, receive, send):
+            calls.append("app")
+
+        async def refused(scope, receive, send):
+            calls.append("refused")
+
+        guard = HostGuard(app, names, refuse=lambda message: refused)
+        scope = {"type": "http", "headers": [(b"host", host.encode())], "server": (arrived_at, 8000)}
+        asyncio.run(guard(scope, None, None))
+        return calls == ["app"]
+
+    assert served("192.0.2.7:8000", "192.0.2.7") and served("[2001:db8::7]:8000", "2001:db8::7")
+    assert not served("192.0.2.8:8000", "192.0.2.7") and not served("0.0.0.0:8000", "192.0.2.7")
+    assert served("localhost", "192.0.2.7") and not served("evil.example.com", "192.0.2.7")
+    assert allowed_host_names("0.0.0.0", ["*"]) is None and served("evil.example.com", "192.0.2.7", names=None)
+
+
 def seconds_until_closed(server, sends):
     """For each (bytes, bytes per 0.1 s) of `sends`, one connection sending them at that pace:
     the seconds until the server closed each (None: still open 10 s after the timeout)."""
