@@ -259,3 +259,48 @@ def test_a_key_with_a_space_is_one_line_and_exit_2():
                        capture_output=True, text=True, timeout=60, env=environment)
     assert r.returncode == 2 and r.stderr.startswith("error: the API key (GPTKIT_API_KEY) starts or ends with white space"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+SIGNAL_WHILE_LOCKED = """
+import os, signal, sys, threading, types, urllib.request
+from gptkit.serve.app import run_server
+from gptkit.serve.server import bind
+
+class Worker:  # the worker's lock, as submit() and busy() hold it on the event loop's thread
+    def __init__(self):
+        self.lock, self.stopped = threading.Lock(), False
+
+    def stop(self):
+        with self.lock:
+            self.stopped = True
+
+worker = Worker()
+
+async def app(scope, receive, send):
+    if scope["type"] == "http":
+        with worker.lock:
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs at the next bytecodes: here
+            sum(range(1000))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+sock = bind("127.0.0.1", 0)
+url = "http://127.0.0.1:%d/" % sock.getsockname()[1]
+threading.Thread(target=lambda: urllib.request.urlopen(url, timeout=20).read(), daemon=True).start()
+run_server(app, types.SimpleNamespace(cfg=types.SimpleNamespace(request_timeout=5), worker=worker), sock)
+print("stopped", worker.stopped)
+"""
+
+
+def test_a_signal_while_the_event_loop_holds_the_workers_lock_still_stops_the_server():
+    """A signal handler runs between any two bytecodes of the main thread, which also runs
+    the event loop: stopping the worker inside it, while the loop held the worker's lock
+    (a request being admitted, /health counting), hung serve.py for good."""
+    import os
+
+    try:
+        r = subprocess.run([sys.executable, "-c", SIGNAL_WHILE_LOCKED], cwd=REPO, capture_output=True, text=True,
+                           timeout=30, env={**os.environ, "PYTHONPATH": str(REPO)})
+    except subprocess.TimeoutExpired:
+        pytest.fail("serve.py's signal handler deadlocked on the worker's lock")
+    assert r.returncode == 0 and r.stdout.strip() == "stopped True", r.stdout + r.stderr

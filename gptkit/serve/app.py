@@ -304,7 +304,13 @@ def run_server(app, state, sock, on_ready=None):
         def handle_exit(self, sig, frame):
             # uvicorn's own handler records the signal and raises it again once stopped,
             # which would end the process by that signal: a stop asked for is a clean exit here.
-            state.worker.stop()
+            # This runs between any two bytecodes of the main thread, perhaps while the event
+            # loop holds the worker's lock (admitting a request, counting for /health): the
+            # worker is stopped by the loop, at once after, not here, where it would deadlock.
+            try:
+                asyncio.get_running_loop().call_soon_threadsafe(state.worker.stop)
+            except RuntimeError:
+                pass  # no loop running (yet, or any more): serve() stops the worker when this returns
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True
             self.should_exit = True
