@@ -14,7 +14,10 @@ answers /v1/completions. One worker generates, one request at a time (queued, as
 measured in BENCHMARKS.md); up to --queue_size requests wait, one more is answered
 503 at once. Binds 127.0.0.1 unless --host says otherwise; with an API key (--api_key
 or $GPTKIT_API_KEY) every endpoint but /health and the page needs
-`Authorization: Bearer KEY`. SIGINT or SIGTERM cut open streams and exit 0.
+`Authorization: Bearer KEY`. Bodies must be JSON and the Host header the server's
+own (--require_json, --allowed_hosts: no web page elsewhere can drive it); a request
+must arrive whole within --request_timeout seconds. SIGINT or SIGTERM cut open
+streams and exit 0.
 docs/serve.md: the page, Open WebUI and other clients, the limits and errors.
 """
 
@@ -26,6 +29,7 @@ from gptkit.config import parse_settings, setting
 from gptkit.device import SAMPLE_DTYPES, resolve_device
 from gptkit.errors import run_main
 from gptkit.loading import load_model
+from gptkit.serve.guard import parse_allowed_hosts
 
 MAX_QUEUE = 4096
 
@@ -54,6 +58,13 @@ class ServeConfig:
     max_tokens: int | None = setting(None, "the most tokens one reply may have (default: the model's block_size); "
                                      "a request asking for more gets this many")
     max_body_bytes: int = setting(1_000_000, "the largest request body taken (larger: 413)")
+    allowed_hosts: str = setting("", "more names (comma-separated) the Host header may give besides localhost, "
+                                 "127.0.0.1, ::1, the --host and this machine's name; '*': any (behind a proxy "
+                                 "that checks it)")
+    require_json: bool = setting(True, "refuse a POST body not sent as Content-Type: application/json (415), "
+                                 "which is what keeps web pages on other sites from sending requests")
+    request_timeout: float = setting(10.0, "seconds a client has to send a whole request, from connecting or its "
+                                     "last reply; a slower or silent connection is closed")
     device: str = setting("auto", "auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps")
     dtype: str = setting("auto", "weights' dtype: auto (bfloat16 on CUDA when supported, else float32), float32, "
                          "bfloat16, float16, int8 (as sample.py)")
@@ -72,8 +83,9 @@ class ServeConfig:
             raise ValueError(f"max_body_bytes={self.max_body_bytes} must be at least 1024")
         if self.dtype not in ("auto", *SAMPLE_DTYPES):
             raise ValueError(f"dtype={self.dtype!r} must be one of auto, {', '.join(SAMPLE_DTYPES)}")
-        if self.api_key == "":
-            raise ValueError("api_key must not be empty")
+        if not 0 < self.request_timeout <= 3600:
+            raise ValueError(f"request_timeout={self.request_timeout} must be above 0 and at most 3600 seconds")
+        parse_allowed_hosts(self.allowed_hosts)
         if self.model_name == "":
             raise ValueError("model_name must not be empty")
 
@@ -90,9 +102,10 @@ def model_name(cfg):
 
 
 def main(argv=None):
-    from gptkit.serve.server import bind, serve
+    from gptkit.serve.server import api_key, bind, serve
 
     (cfg,) = parse_settings(argv, [ServeConfig], prog="serve.py", description=__doc__)
+    api_key(cfg)  # a key no client could send is refused before anything loads
     device = resolve_device(cfg.device)
     sock = bind(cfg.host, cfg.port)  # before the model loads: a port in use fails at once
     model, tokenizer, summary = load_model(cfg.init_from, cfg.out_dir, cfg.ckpt, cfg.data_dir, cfg.meta)

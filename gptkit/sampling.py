@@ -4,7 +4,7 @@ A pure function of a (B, V) batch of logits, so each rule can be tested without 
 model. gptkit/generate.py calls it once per new token. The steps, in order:
 
     1. repetition penalty on the raw logits (CTRL, Keskar et al. 2019)
-    2. temperature 0: take the argmax, nothing else applies
+    2. temperature 0 (or below MIN_TEMPERATURE): take the argmax, nothing else applies
     3. divide by the temperature
     4. top_k, then top_p (nucleus), then min_p: each removes tokens (logit -> -inf)
     5. sample one token from the softmax of what is left
@@ -19,6 +19,14 @@ import torch
 from model import filter_top_k  # the one top-k, model.generate's too
 
 
+# The logits are float32 here. A temperature below MIN_TEMPERATURE is greedy: dividing by it
+# would tell apart only logits closer than float32 can resolve, and one below float32's
+# smallest number (1e-300) rounds to 0 and divides into NaN. A penalty is kept to a range
+# where dividing or multiplying a model's logit by it stays far from float32's overflow to inf.
+MIN_TEMPERATURE = 1e-6
+PENALTY_RANGE = (0.01, 100.0)
+
+
 def check_sampling_options(temperature=1.0, top_k=None, top_p=None, min_p=None, repetition_penalty=1.0):
     """Raise ValueError naming the option when a value makes no sense."""
     if not math.isfinite(temperature) or temperature < 0:
@@ -29,8 +37,10 @@ def check_sampling_options(temperature=1.0, top_k=None, top_p=None, min_p=None, 
         raise ValueError(f"top_p={top_p} must be in (0, 1] (or None)")
     if min_p is not None and not 0 <= min_p <= 1:
         raise ValueError(f"min_p={min_p} must be in [0, 1] (or None)")
-    if not math.isfinite(repetition_penalty) or repetition_penalty <= 0:
-        raise ValueError(f"repetition_penalty={repetition_penalty} must be a finite number > 0 (1.0 means none)")
+    low, high = PENALTY_RANGE
+    if not low <= repetition_penalty <= high:
+        raise ValueError(f"repetition_penalty={repetition_penalty} must be a finite number between {low:g} and "
+                         f"{high:g} (1.0 means none)")
 
 
 def apply_repetition_penalty(logits, previous_tokens, penalty):
@@ -49,6 +59,7 @@ def filter_top_p(logits, p):
     probs = torch.softmax(sorted_logits, dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs  # mass of the tokens ranked above
     drop_sorted = mass_before >= p  # the set already reached p without this token
+    drop_sorted[:, 0] = False  # the most likely token always stays, however small p is
     drop = drop_sorted.scatter(1, order, drop_sorted)  # back to vocabulary order
     return logits.masked_fill(drop, float("-inf"))
 
@@ -80,7 +91,7 @@ def choose_next_token(
     logits = logits.float()  # filters and softmax in fp32 whatever the model's dtype
     if repetition_penalty != 1.0 and previous_tokens is not None and previous_tokens.numel():
         logits = apply_repetition_penalty(logits, previous_tokens, repetition_penalty)
-    if temperature == 0:
+    if temperature < MIN_TEMPERATURE:  # 0, or too small to differ from it in float32
         return torch.argmax(logits, dim=-1)
     # Shift the best logit to 0 before dividing: a tiny temperature then sends the others
     # to -inf (greedy in the limit) instead of overflowing all of them to inf and NaN.

@@ -41,14 +41,16 @@ def write_checkpoint(path, chat=True, block_size=64, seed=0):
 class Server:
     """serve.py in a subprocess, on a free port of 127.0.0.1; `url` once it is ready."""
 
-    def __init__(self, *args, env=None, cwd=REPO):
+    def __init__(self, *args, env=None, open_files=None, cwd=REPO):
+        """`open_files`: the server's file-descriptor limit (ulimit -n), to test floods."""
         environment = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         environment.pop("GPT_FAULTS", None)
         environment.pop("GPTKIT_API_KEY", None)
         environment.update(env or {})
+        limit = None if open_files is None else lambda: limit_files(open_files)
         self.proc = subprocess.Popen([sys.executable, str(cwd / "serve.py"), "--port=0", "--device=cpu", *args],
                                      cwd=cwd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+                                     text=True, preexec_fn=limit)
         self.lines = []
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -77,6 +79,12 @@ class Server:
             self.proc.kill()
             _, err = self.proc.communicate()
         return self.proc.returncode, "".join(self.lines) + err
+
+
+def limit_files(n):
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
 
 
 def post(url, body, headers=None, raw=None, timeout=30):

@@ -383,6 +383,7 @@ def test_init_from_a_local_hugging_face_folder(tmp_path, capsys, tiktoken_availa
         (["--temperature", "inf"], "temperature=inf must be a finite number"),
         (["--temperature", "nan"], "temperature=nan must be a finite number"),
         (["--repetition_penalty", "inf"], "repetition_penalty=inf must be a finite number"),
+        (["--repetition_penalty", "1e-300"], "repetition_penalty=1e-300 must be a finite number between 0.01"),
         (["--seed", str(2**70)], "seed=.* must be between 0 and 2\\*\\*63 - 1"),
         (["--max_new_tokens", str(10**12)], "max_new_tokens=.* must be between 0 and 1,000,000"),
         (["--num_samples", "4000", "--max_new_tokens", "900000"], "tokens in one batch"),

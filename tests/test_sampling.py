@@ -25,6 +25,24 @@ def test_greedy_and_top_k_1_are_argmax():
     assert choose_next_token(logits, temperature=0).dtype == torch.long
 
 
+def test_values_below_float32s_range_are_greedy_or_refused():
+    """1e-300 is 0 in float32: such a temperature divided the logits into NaN, and such a
+    top_p dropped every token (each a 500 from serve.py). Both give the argmax now."""
+    logits = torch.randn(8, 50, generator=torch.Generator().manual_seed(0))
+    argmax = logits.argmax(-1)
+    for kwargs in (dict(temperature=1e-300), dict(temperature=5e-324), dict(temperature=1e-7),
+                   dict(top_p=1e-300), dict(top_p=5e-324), dict(top_p=1e-300, temperature=2.0)):
+        assert torch.equal(choose_next_token(logits, generator=torch.Generator().manual_seed(1), **kwargs), argmax)
+    for penalty in (1e-300, 0.009, 101, 1e300):
+        with pytest.raises(ValueError, match="repetition_penalty=.* between 0.01 and 100"):
+            choose_next_token(logits, repetition_penalty=penalty)
+    every_token = torch.arange(50).repeat(8, 1)  # (8, 50): all already present
+    for penalty in (0.01, 100):  # the range's ends on large logits: still a distribution to sample
+        token = choose_next_token(logits * 1e4, repetition_penalty=penalty, previous_tokens=every_token,
+                                  generator=torch.Generator().manual_seed(1))
+        assert token.shape == (8,) and bool(((token >= 0) & (token < 50)).all())
+
+
 def test_top_k_keeps_the_k_largest():
     assert kept(filter_top_k(logits_of(0.1, 0.4, 0.2, 0.3), 2)) == [1, 3]
     assert kept(filter_top_k(logits_of(0.1, 0.4, 0.2, 0.3), 10)) == [0, 1, 2, 3]  # k > V keeps all

@@ -183,7 +183,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_place_at_once(slow):
     headers = {"Authorization": f"Bearer {KEY}"}
     body = json.dumps({"prompt": "abc", "max_tokens": 64, "temperature": 0, "stream": True})
     sock = socket.create_connection(("127.0.0.1", slow.port), timeout=10)
-    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
     received = b""
     for _ in range(20):  # the headers, then the first event

@@ -13,11 +13,15 @@ What we do beyond or short of OpenAI, said once here (docs/serve.md says it for 
 - One `stop` string (a list of one is taken too); n must be 1; no logprobs, tools.
 - top_k, min_p and repetition_penalty are taken as extensions (llama.cpp's servers take them).
 - Fields we do not know are ignored (clients send many); a known field of the wrong type is an error.
+- Every number's kind and range is in NUMBERS (one table); an integer of over MAX_DIGITS
+  digits is not even parsed (read_json); a temperature below sampling.py's MIN_TEMPERATURE is greedy.
 """
 
 import dataclasses
 import secrets
 import time
+
+from gptkit.sampling import MIN_TEMPERATURE, PENALTY_RANGE
 
 ROLES = ("system", "user", "assistant")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -37,7 +41,7 @@ def error_body(message, type="invalid_request_error", param=None, code=None):
 
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-               413: "invalid_request_error", 503: "server_error", 500: "server_error"}
+               413: "invalid_request_error", 415: "invalid_request_error", 503: "server_error", 500: "server_error"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +80,56 @@ def field(body, name, check, what, default=None):
     if not check(value):
         raise ApiError(400, f"{name} must be {what}, not {value!r}"[:300], param=name)
     return value
+
+
+# --- Every number a request may carry: its kind and range, checked here and only here ----
+# A value outside its range (NaN, Infinity and 1e999 included) is a 400 naming the field;
+# what passes is safe to hand to float() and to sampling.py's float32 arithmetic.
+PENALTY_LOW, PENALTY_HIGH = PENALTY_RANGE
+NUMBERS = {  # name: (integer only?, in range?, the range in words)
+    "temperature": (False, lambda v: 0 <= v <= 2, "between 0 and 2 (0 and below "
+                    f"{MIN_TEMPERATURE:g}: greedy)"),  # OpenAI's range
+    "top_p": (False, lambda v: 0 < v <= 1, "above 0 and at most 1"),
+    "min_p": (False, lambda v: 0 <= v <= 1, "between 0 and 1"),
+    "repetition_penalty": (False, lambda v: PENALTY_LOW <= v <= PENALTY_HIGH,
+                           f"between {PENALTY_LOW:g} and {PENALTY_HIGH:g} (1: none)"),
+    "top_k": (True, lambda v: v >= 0, ">= 0 (0: no limit)"),
+    "max_tokens": (True, lambda v: v >= 0, ">= 0"),
+    "max_completion_tokens": (True, lambda v: v >= 0, ">= 0"),
+    "seed": (True, lambda v: 0 <= v < 2**63, "between 0 and 2**63 - 1"),
+}
+MAX_DIGITS = 100  # a JSON integer longer than this is out of every range: not parsed at all
+
+
+class LongNumber:
+    """What read_json makes of an integer of over MAX_DIGITS digits: Python refuses to
+    parse those above 4,300 (and parsing them costs quadratic time), and none is valid."""
+
+    def __init__(self, digits):
+        self.digits = digits
+
+    def __repr__(self):
+        return f"a {self.digits:,}-digit number"
+
+
+def parse_int(text):
+    """json.loads's parse_int: an int, or a LongNumber past MAX_DIGITS digits."""
+    digits = len(text.lstrip("-"))
+    return int(text) if digits <= MAX_DIGITS else LongNumber(digits)
+
+
+def number(body, name, default=None):
+    """body[name] when present and not null, checked against NUMBERS; else `default`."""
+    integer, in_range, words = NUMBERS[name]
+    value = body.get(name)
+    if value is None:
+        return default
+    kind = "an integer" if integer else "a number"
+    if not (is_int(value) if integer else is_number(value)) or not in_range(value):
+        shown = f"a {len(str(abs(value))):,}-digit number" if is_int(value) and abs(value) > 10**20 else repr(value)
+        raise ApiError(400, f"{name} must be {kind} {words}, not {shown}"[:300], param=name)
+    return value
+# --- end of the numbers' checks ----------------------------------------------------------
 
 
 def message_text(m, i):
@@ -126,23 +180,17 @@ def check_common(body, model_name, max_tokens_cap, default_max_tokens, serve_cfg
             raise ApiError(400, f"{name} is not supported by this server", param=name)
     if field(body, "tools", lambda v: isinstance(v, list), "a list", []):
         raise ApiError(400, "tools are not supported by this server", param="tools")
-    max_tokens = field(body, "max_completion_tokens", is_int, "an integer", None)
-    max_tokens = field(body, "max_tokens", is_int, "an integer", max_tokens)
-    if max_tokens is not None and max_tokens < 0:
-        raise ApiError(400, f"max_tokens must be 0 or more, not {max_tokens}", param="max_tokens")
+    max_tokens = number(body, "max_completion_tokens")
+    max_tokens = number(body, "max_tokens", max_tokens)
     asked = default_max_tokens if max_tokens is None else max_tokens
     used = min(asked, max_tokens_cap)
-    temperature = field(body, "temperature", is_number, "a number", 1.0)
-    if not 0 <= temperature <= 2:
-        raise ApiError(400, f"temperature must be between 0 and 2, not {temperature}", param="temperature")
-    top_p = field(body, "top_p", is_number, "a number", None)
-    top_k = field(body, "top_k", is_int, "an integer", None)
-    min_p = field(body, "min_p", is_number, "a number", None)
-    penalty = field(body, "repetition_penalty", is_number, "a number", 1.0)
-    seed = field(body, "seed", is_int, "an integer", None)
+    temperature = number(body, "temperature", 1.0)
+    top_p = number(body, "top_p")
+    top_k = number(body, "top_k")
+    min_p = number(body, "min_p")
+    penalty = number(body, "repetition_penalty", 1.0)
+    seed = number(body, "seed")
     seed = secrets.randbelow(2**62) if seed is None else seed
-    if not 0 <= seed < 2**63:
-        raise ApiError(400, f"seed must be between 0 and 2**63 - 1, not {seed}", param="seed")
     stop = field(body, "stop", lambda v: isinstance(v, (str, list)), "a string or a list of strings", None)
     if isinstance(stop, list):
         if len(stop) > 1 or not all(isinstance(s, str) for s in stop):

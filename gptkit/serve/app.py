@@ -22,16 +22,19 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from gptkit.serve import api
 from gptkit.serve.api import ApiError
+from gptkit.serve.guard import LISTEN_BACKLOG, HostGuard, QuietAcceptErrors, connection_limit, timed_protocol
 from gptkit.serve.worker import Job, Overloaded
 
 PAGE = Path(__file__).resolve().parent / "page.html"
 DISCONNECT_POLL_S = 0.2  # how often a request waiting for its turn checks that its client is still there
+KEEP_ALIVE_S = 5  # an idle connection kept open after a reply is closed after this long (uvicorn's default)
 
 
 def error_response(status, message, type=None, param=None, code=None, headers=None):
@@ -47,8 +50,22 @@ def api_error_response(e):
 DRAIN_FACTOR = 8  # an oversized body up to this many times the limit is read (and dropped) first
 
 
-async def read_json(request, limit):
-    """The request's JSON body, read up to `limit` bytes: ApiError 413 past it, 400 for bad JSON."""
+def check_json_type(request):
+    """ApiError 415 unless the body is declared JSON. A web page on another site can make a
+    browser POST text/plain, a form or no type at all without asking this server first;
+    application/json it can send only after a CORS preflight, which this server never grants."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        shown = f"{media_type!r}"[:60] if media_type else "none"
+        raise ApiError(415, f"the request body must be sent as Content-Type: application/json, not {shown} "
+                       "(serve.py --require_json=false takes any)", code="unsupported_media_type")
+
+
+async def read_json(request, limit, require_json=True):
+    """The request's JSON body, read up to `limit` bytes: ApiError 415 when it is not declared
+    JSON (unless require_json is off), 413 past the limit, 400 for bad JSON."""
+    if require_json:
+        check_json_type(request)
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         if int(length) <= DRAIN_FACTOR * limit:  # read and drop it: a client still sending then
@@ -63,8 +80,8 @@ async def read_json(request, limit):
             raise ApiError(413, f"the request body is over the limit of {limit:,} bytes (--max_body_bytes)")
         chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return json.loads(b"".join(chunks), parse_int=api.parse_int)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise ApiError(400, f"the request body is not JSON: {e}"[:300])
     except RecursionError:
         raise ApiError(400, "the request body is nested too deeply")
@@ -160,7 +177,7 @@ def build_app(state):
 
     async def chat_completions(request):
         authorize(request)
-        body = await read_json(request, cfg.max_body_bytes)
+        body = await read_json(request, cfg.max_body_bytes, cfg.require_json)
         sampling, stream, include_usage, extras = api.check_common(
             body, state.model_name, state.max_tokens, state.max_tokens, cfg)
         if state.chat is None:
@@ -172,7 +189,7 @@ def build_app(state):
 
     async def completions(request):
         authorize(request)
-        body = await read_json(request, cfg.max_body_bytes)
+        body = await read_json(request, cfg.max_body_bytes, cfg.require_json)
         sampling, stream, include_usage, extras = api.check_common(
             body, state.model_name, state.max_tokens, api.COMPLETIONS_DEFAULT_MAX_TOKENS, cfg)
         prompt = api.check_prompt(body)
@@ -273,7 +290,9 @@ def build_app(state):
     ]
     handlers = {ApiError: on_api_error, HTTPException: on_http_error, ClientDisconnect: on_client_disconnect,
                 Exception: on_error}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    guard = Middleware(HostGuard, names=state.host_names,
+                       refuse=lambda message: error_response(400, message, code="invalid_host"))
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=[guard])
 
 
 def run_server(app, state, sock, on_ready=None):
@@ -285,18 +304,27 @@ def run_server(app, state, sock, on_ready=None):
         def handle_exit(self, sig, frame):
             # uvicorn's own handler records the signal and raises it again once stopped,
             # which would end the process by that signal: a stop asked for is a clean exit here.
-            state.worker.stop()
+            # This runs between any two bytecodes of the main thread, perhaps while the event
+            # loop holds the worker's lock (admitting a request, counting for /health): the
+            # worker is stopped by the loop, at once after, not here, where it would deadlock.
+            try:
+                asyncio.get_running_loop().call_soon_threadsafe(state.worker.stop)
+            except RuntimeError:
+                pass  # no loop running (yet, or any more): serve() stops the worker when this returns
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True
             self.should_exit = True
 
         async def startup(self, sockets=None):
+            asyncio.get_running_loop().set_exception_handler(QuietAcceptErrors())
             await super().startup(sockets)
             if on_ready is not None and self.started:
                 on_ready(self)
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=5, lifespan="off", h11_max_incomplete_event_size=64 * 1024)
+    protocol = timed_protocol(state.cfg.request_timeout, connection_limit())  # gptkit/serve/guard.py
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                            lifespan="off", h11_max_incomplete_event_size=64 * 1024, http=protocol,
+                            timeout_keep_alive=KEEP_ALIVE_S, backlog=LISTEN_BACKLOG)
     server = Server(config)
     server.run(sockets=[sock])
     return server

@@ -10,6 +10,7 @@ import time
 
 from gptkit.chat import chat_vocabulary
 from gptkit.errors import UserError
+from gptkit.serve.guard import LISTEN_BACKLOG
 
 API_KEY_VARIABLE = "GPTKIT_API_KEY"
 
@@ -27,6 +28,7 @@ class State:
     max_tokens: int
     api_key: str | None
     created: int
+    host_names: set | None  # the Host header's names served (None: any)
 
 
 def is_loopback(host):
@@ -48,7 +50,7 @@ def bind(host, port):
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(128)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as e:
         sock.close()
         hint = ": another server is using it; pick another --port" if e.errno == 98 else ""
@@ -66,9 +68,19 @@ def exposure_warning(host, key):
 
 
 def api_key(cfg):
-    """The key every request but /health and the page must carry: --api_key, else $GPTKIT_API_KEY."""
+    """The key every request but /health and the page must carry: --api_key, else $GPTKIT_API_KEY;
+    a UserError for one no client could send in an HTTP header."""
+    where = "--api_key" if cfg.api_key is not None else API_KEY_VARIABLE
     key = cfg.api_key if cfg.api_key is not None else os.environ.get(API_KEY_VARIABLE)
-    return key or None
+    if key is None or (key == "" and where == API_KEY_VARIABLE):
+        return None  # an empty variable: no key, as if unset
+    problem = ("is empty" if key == "" else
+               "starts or ends with white space" if key != key.strip() else
+               "has characters outside printable ASCII" if not (key.isascii() and key.isprintable()) else None)
+    if problem:
+        raise UserError(f"the API key ({where}) {problem}: an HTTP header cannot carry it as it is, so no client "
+                        "could send it; use letters, digits and punctuation")
+    return key
 
 
 def serve(model, tokenizer, summary, cfg, device, model_name, sock):
@@ -76,6 +88,7 @@ def serve(model, tokenizer, summary, cfg, device, model_name, sock):
     from gptkit.generate import make_decoder, prepare_for_generating
     from gptkit.serve import api
     from gptkit.serve.app import build_app, run_server
+    from gptkit.serve.guard import allowed_host_names, parse_allowed_hosts
     from gptkit.serve.worker import Worker
 
     key = api_key(cfg)
@@ -88,7 +101,8 @@ def serve(model, tokenizer, summary, cfg, device, model_name, sock):
     path = prepare_for_generating(model, defaults, device)  # the weights' dtype, the CPU's parts
     decoder = make_decoder(model, defaults, batch_size=1)  # made once, used by every request
     worker = Worker(model, tokenizer, device, decoder, cfg.queue_size)
-    state = State(cfg, worker, tokenizer, model_name, chat, block, max_tokens, key, int(time.time()))
+    host_names = allowed_host_names(cfg.host, parse_allowed_hosts(cfg.allowed_hosts))
+    state = State(cfg, worker, tokenizer, model_name, chat, block, max_tokens, key, int(time.time()), host_names)
     app = build_app(state)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
