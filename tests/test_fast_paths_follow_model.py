@@ -26,11 +26,21 @@ EDITS = {
                 "        y = 0.5 * F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n"),
 }
 
+# Edits to the fused modules' formulas that a probe of one small input in evaluation mode
+# missed: one for large inputs only, one in training mode only. Each must fall back, named.
+FUSED_EDITS = {
+    "relu2 clamped": ("        return F.relu(h).square()\n", "        return F.relu(h).clamp(max=3.5).square()\n",
+                      "ReLU2"),
+    "rmsnorm in training": ("        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n",
+                            "        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n"
+                            "        y = y * 1.5 if self.training else y\n", "RMSNorm"),
+}
+
 # Run inside a tree: train twice, sample twice, print what happened as one JSON line.
 PROBE = r"""
 import contextlib, io, json, sys
 import sample, train
-data, out = sys.argv[1], sys.argv[2]
+data, out, sampling = sys.argv[1], sys.argv[2], sys.argv[3] == "sample"
 common = ["--dataset=tiny", f"--data_dir={data}", "--n_layer=2", "--n_head=2", "--n_embd=32",
           "--block_size=32", "--batch_size=4", "--gradient_accumulation_steps=1", "--max_iters=4",
           "--eval_interval=4", "--eval_iters=1", "--log_interval=1", "--compile=false", "--device=cpu",
@@ -43,7 +53,7 @@ for kernels in ("fused", "model"):
         assert train.main(common + [f"--out_dir={out}-{kernels}", f"--cpu_kernels={kernels}"]) == 0
     rows = [json.loads(line) for line in open(f"{out}-{kernels}/metrics.jsonl")]
     result[kernels] = {"losses": [r["loss"] for r in rows if "loss" in r], "log": printed.getvalue()}
-for decode in ("true", "false"):
+for decode in ("true", "false") if sampling else ():
     text, said = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(text), contextlib.redirect_stderr(said):
         assert sample.main([f"--out_dir={out}-fused", "--start=ab", "--num_samples=1",
@@ -72,8 +82,9 @@ def tiny_data(tmp_path_factory):
     return root
 
 
-def probe(tree, root, name):
-    result = subprocess.run([sys.executable, "-c", PROBE, str(root / "data"), str(root / f"out-{name}")],
+def probe(tree, root, name, sampling=True):
+    result = subprocess.run([sys.executable, "-c", PROBE, str(root / "data"), str(root / f"out-{name}"),
+                             "sample" if sampling else "train"],
                             cwd=tree, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -95,15 +106,18 @@ def test_unedited_the_fast_paths_run_and_are_named(unedited):
     assert unedited["fused"]["losses"] == pytest.approx(unedited["model"]["losses"], abs=1e-5)
 
 
-@pytest.mark.parametrize("edit", sorted(EDITS))
-def test_an_edit_to_model_py_is_what_trains_and_samples(edit, tiny_data, unedited, tmp_path):
+def edited_tree(tmp_path, old, new):
     tree = tmp_path / "tree"
     shutil.copytree(REPO, tree, ignore=beside_the_code)
-    old, new = EDITS[edit]
     source = (tree / "model.py").read_text()
     assert source.count(old) == 1
     (tree / "model.py").write_text(source.replace(old, new))
-    got = probe(tree, tiny_data, edit)
+    return tree
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_an_edit_to_model_py_is_what_trains_and_samples(edit, tiny_data, unedited, tmp_path):
+    got = probe(edited_tree(tmp_path, *EDITS[edit]), tiny_data, edit)
     # training follows the edit, whichever kernels were asked for
     assert got["fused"]["losses"] == pytest.approx(got["model"]["losses"], abs=1e-5)
     assert got["fused"]["losses"] != pytest.approx(unedited["fused"]["losses"], abs=1e-5)
@@ -115,3 +129,23 @@ def test_an_edit_to_model_py_is_what_trains_and_samples(edit, tiny_data, unedite
     fallback = [line for line in said if "does not match" in line]
     assert len(fallback) == 1 and fallback[0].startswith("decode: gptkit/cpu_decode.py does not match model.py")
     assert got["decode_true"]["text"] == got["decode_false"]["text"]
+
+
+@pytest.mark.parametrize("edit", sorted(FUSED_EDITS))
+def test_an_edit_to_a_fused_formula_for_some_inputs_or_in_training_only_falls_back_named(edit, tiny_data,
+                                                                                          unedited, tmp_path):
+    """The self-check probes training and evaluation mode at scales from 1e-4 to 1e4: the
+    fused module the edit touches falls back with one line naming it, the other stays
+    fused, and the default run trains what --cpu_kernels model trains."""
+    old, new, kind = FUSED_EDITS[edit]
+    got = probe(edited_tree(tmp_path, old, new), tiny_data, edit, sampling=False)
+    log = got["fused"]["log"]
+    fallback = [line for line in log.splitlines() if "does not match" in line]
+    assert len(fallback) == 1 and fallback[0].startswith(f"kernels: gptkit/fused.py's {kind} does not match "
+                                                         "model.py's ("), log
+    assert fallback[0].endswith(f"): model.py's {kind} runs")
+    other = "ReLU²" if kind == "RMSNorm" else "RMSNorm"
+    assert f"kernels gptkit/fused.py ({other} backward by hand" in log
+    assert got["fused"]["losses"] == pytest.approx(got["model"]["losses"], abs=1e-5)
+    if kind == "RMSNorm":  # scaled in training: the run trains it (the tiny run's h stays below 3.5)
+        assert got["fused"]["losses"] != pytest.approx(unedited["fused"]["losses"], abs=1e-5)
