@@ -21,7 +21,9 @@ docs/serve.md: the page, Open WebUI and other clients, the limits and errors.
 from dataclasses import dataclass
 from pathlib import Path
 
+from gptkit.errors import quiet_start
 
+quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 from gptkit.config import parse_settings, setting
 from gptkit.device import SAMPLE_DTYPES, resolve_device
 from gptkit.errors import run_main
@@ -93,6 +95,7 @@ def main(argv=None):
     from gptkit.serve.server import bind, serve
 
     (cfg,) = parse_settings(argv, [ServeConfig], prog="serve.py", description=__doc__)
+    import starlette, uvicorn  # noqa: F401  the web packages: one missing is named now, not after the model loads
     device = resolve_device(cfg.device)
     sock = bind(cfg.host, cfg.port)  # before the model loads: a port in use fails at once
     model, tokenizer, summary = load_model(cfg.init_from, cfg.out_dir, cfg.ckpt, cfg.data_dir, cfg.meta)
