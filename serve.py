@@ -95,7 +95,8 @@ def main(argv=None):
     from gptkit.serve.server import bind, serve
 
     (cfg,) = parse_settings(argv, [ServeConfig], prog="serve.py", description=__doc__)
-    import starlette, uvicorn  # noqa: F401  the web packages: one missing is named now, not after the model loads
+    # The web packages: one that is missing is named now, not after the model has loaded.
+    import starlette, uvicorn  # noqa: F401
     device = resolve_device(cfg.device)
     sock = bind(cfg.host, cfg.port)  # before the model loads: a port in use fails at once
     model, tokenizer, summary = load_model(cfg.init_from, cfg.out_dir, cfg.ckpt, cfg.data_dir, cfg.meta)
