@@ -180,12 +180,14 @@ def test_warmup_longer_than_the_run_is_warned(data_dir, tmp_path, capsys):
 
 
 def test_exploding_weights_are_never_saved_and_last_good_checkpoint_is_finite(data_dir, tmp_path):
-    """A weight decay of 1e30 flips and blows up every matrix at each step: the run must
-    stop, and every checkpoint left on disk (the one it names too) must be finite."""
+    """A learning rate of 1e30 blows up every weight at the first step: the run must
+    stop, and every checkpoint left on disk (the one it names too) must be finite. (A
+    weight decay that large is refused before any work: test_impossible_settings...)"""
     out = tmp_path / "out"
     assert train.main(tiny_args(data_dir, out, max_iters=4, eval_interval=2)) == 0
     result = run_train_subprocess(tiny_args(data_dir, out, init_from="resume", max_iters=40, eval_interval=1,
-                                            lr_decay_iters=40, weight_decay=1e30))
+                                            lr_decay_iters=40, learning_rate=1e30, min_lr=0,
+                                            weight_decay=0))
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert f"Last good checkpoint: {out / 'ckpt.pt'} (iteration 4)" in result.stderr, result.stderr
