@@ -26,15 +26,13 @@ EDITS = {
                 "        y = 0.5 * F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n"),
 }
 
-# Edits to the fused modules' formulas that a probe of one small input in evaluation mode
-# missed: one for large inputs only, one in training mode only. Each must fall back, named.
-FUSED_EDITS = {
-    "relu2 clamped": ("        return F.relu(h).square()\n", "        return F.relu(h).clamp(max=3.5).square()\n",
-                      "ReLU2"),
-    "rmsnorm in training": ("        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n",
-                            "        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n"
-                            "        y = y * 1.5 if self.training else y\n", "RMSNorm"),
-}
+# Edits to both fused modules' formulas that a probe of one small input in evaluation
+# mode missed: ReLU² changed for large inputs only, RMSNorm in training mode only.
+FUSED_EDITS = [
+    ("        return F.relu(h).square()\n", "        return F.relu(h).clamp(max=3.5).square()\n"),
+    ("        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n",
+     "        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n        y = y * 1.5 if self.training else y\n"),
+]
 
 # Run inside a tree: train twice, sample twice, print what happened as one JSON line.
 PROBE = r"""
@@ -106,18 +104,20 @@ def test_unedited_the_fast_paths_run_and_are_named(unedited):
     assert unedited["fused"]["losses"] == pytest.approx(unedited["model"]["losses"], abs=1e-5)
 
 
-def edited_tree(tmp_path, old, new):
+def edited_tree(tmp_path, *edits):
     tree = tmp_path / "tree"
     shutil.copytree(REPO, tree, ignore=beside_the_code)
     source = (tree / "model.py").read_text()
-    assert source.count(old) == 1
-    (tree / "model.py").write_text(source.replace(old, new))
+    for old, new in edits:
+        assert source.count(old) == 1
+        source = source.replace(old, new)
+    (tree / "model.py").write_text(source)
     return tree
 
 
 @pytest.mark.parametrize("edit", sorted(EDITS))
 def test_an_edit_to_model_py_is_what_trains_and_samples(edit, tiny_data, unedited, tmp_path):
-    got = probe(edited_tree(tmp_path, *EDITS[edit]), tiny_data, edit)
+    got = probe(edited_tree(tmp_path, EDITS[edit]), tiny_data, edit)
     # training follows the edit, whichever kernels were asked for
     assert got["fused"]["losses"] == pytest.approx(got["model"]["losses"], abs=1e-5)
     assert got["fused"]["losses"] != pytest.approx(unedited["fused"]["losses"], abs=1e-5)
@@ -131,21 +131,20 @@ def test_an_edit_to_model_py_is_what_trains_and_samples(edit, tiny_data, unedite
     assert got["decode_true"]["text"] == got["decode_false"]["text"]
 
 
-@pytest.mark.parametrize("edit", sorted(FUSED_EDITS))
-def test_an_edit_to_a_fused_formula_for_some_inputs_or_in_training_only_falls_back_named(edit, tiny_data,
-                                                                                          unedited, tmp_path):
-    """The self-check probes training and evaluation mode at scales from 1e-4 to 1e4: the
-    fused module the edit touches falls back with one line naming it, the other stays
-    fused, and the default run trains what --cpu_kernels model trains."""
-    old, new, kind = FUSED_EDITS[edit]
-    got = probe(edited_tree(tmp_path, old, new), tiny_data, edit, sampling=False)
+def test_edits_to_the_fused_formulas_for_some_inputs_or_in_training_only_fall_back_named(tiny_data, unedited,
+                                                                                          tmp_path):
+    """The self-check probes training and evaluation mode at scales from 1e-4 to 1e4: each
+    fused module an edit touches falls back with one line naming it, and the default run
+    trains what --cpu_kernels model trains (the other, unedited kinds stay fused: the
+    rmsnorm case above)."""
+    got = probe(edited_tree(tmp_path, *FUSED_EDITS), tiny_data, "fused-edits", sampling=False)
     log = got["fused"]["log"]
     fallback = [line for line in log.splitlines() if "does not match" in line]
-    assert len(fallback) == 1 and fallback[0].startswith(f"kernels: gptkit/fused.py's {kind} does not match "
-                                                         "model.py's ("), log
-    assert fallback[0].endswith(f"): model.py's {kind} runs")
-    other = "ReLU²" if kind == "RMSNorm" else "RMSNorm"
-    assert f"kernels gptkit/fused.py ({other} backward by hand" in log
+    assert len(fallback) == 2, log
+    for line, kind, why in zip(fallback, ("RMSNorm", "ReLU2"), ("in training mode", "of scale 10")):
+        assert line.startswith(f"kernels: gptkit/fused.py's {kind} does not match model.py's ("), line
+        assert why in line and line.endswith(f"): model.py's {kind} runs"), line
+    assert "kernels model.py" in log
     assert got["fused"]["losses"] == pytest.approx(got["model"]["losses"], abs=1e-5)
-    if kind == "RMSNorm":  # scaled in training: the run trains it (the tiny run's h stays below 3.5)
-        assert got["fused"]["losses"] != pytest.approx(unedited["fused"]["losses"], abs=1e-5)
+    # RMSNorm scaled in training: the run trains the edit (the tiny run's h stays below 3.5)
+    assert got["fused"]["losses"] != pytest.approx(unedited["fused"]["losses"], abs=1e-5)

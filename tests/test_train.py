@@ -143,15 +143,15 @@ def test_a_time_budget_counts_the_same_steps_whether_or_not_the_run_was_stopped(
     assert all(torch.equal(whole["model"][k], cut["model"][k]) for k in whole["model"])
 
 
-def test_a_time_budget_too_small_for_one_step_says_so_and_exits_2(data_dir, tmp_path):
+def test_a_time_budget_too_small_for_one_step_says_so_and_exits_2(data_dir, tmp_path, capsys):
     out = tmp_path / "out"
-    result = run_train_subprocess(tiny_args(data_dir, out, max_iters=100, time_budget=1e-6))
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
+    assert run_main_code(tiny_args(data_dir, out, max_iters=100, time_budget=1e-6)) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: time_budget=1e-06 is spent by the first training step "
-                                                   "alone ("), result.stderr
+                                                   "alone ("), captured.err
     assert "nothing saved; give room for many steps, e.g. --time_budget=" in lines[0]
-    assert "checkpoints in" not in result.stdout and not out.exists()
+    assert "checkpoints in" not in captured.out and not out.exists()
 
 
 def test_a_time_budget_under_several_ranks_is_refused_naming_max_iters(data_dir, tmp_path):
