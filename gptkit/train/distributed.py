@@ -121,9 +121,10 @@ def attempt_store(world_size):
     workers share torchrun's rendezvous store (its default, TORCHELASTIC_USE_AGENT_STORE).
     Then torch reuses that one store on every attempt without a per-attempt prefix (its
     comment says each retry gets a new store; shared, it does not), so a restarted
-    worker read the killed attempt's gloo addresses: "Gloo connectFullMesh failed ...
-    Connection refused", or a hang (measured on one machine, 10 of 11 restarts). Each
-    attempt's keys go under a prefix of its own here, as torch did before sharing."""
+    worker could read the killed attempt's gloo addresses before its peer wrote new ones:
+    "Gloo connectFullMesh failed ... Connection refused", or a hang (seen on one machine
+    in 10 of 11 restarts; tests/train/test_restarts.py makes it happen on cue). Each
+    attempt's keys go under a prefix of its own here."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
     shared = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
