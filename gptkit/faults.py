@@ -19,7 +19,7 @@ variable GPT_FAULTS to a comma-separated list, e.g.
     GPT_FAULTS=hold_at=6,hold_rank=1,hold=F   rank 1 writes its pid to file F at iteration 6 and waits
                                         to be killed from outside (once for the whole job: only
                                         the process that creates F waits)
-    GPT_FAULTS=hold_during_save,hold=F  the same halfway through a checkpoint write
+    GPT_FAULTS=hold_during_save=8,hold=F  the same halfway through writing iteration 8's checkpoint
     GPT_FAULTS=join_delay=2,join_rank=1 rank 1 waits 2 s before joining the process group (a slow
                                         start: a loaded machine, a slow disk)
     GPT_FAULTS=token_delay=0.05         serve.py's worker waits 50 ms after each token (a slow model on cue)
@@ -63,9 +63,12 @@ def maybe_sigterm(name):
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def maybe_exit_during_save():
+def maybe_exit_during_save(iter_num=None):
+    """exit_during_save: die halfway through any checkpoint write; hold_during_save=N: wait
+    there to be killed (see hold), in a write of iteration N's checkpoint (N empty: any)."""
     maybe_exit("exit_during_save")
-    if "hold_during_save" in active():
+    wanted = active().get("hold_during_save")
+    if wanted is not None and (wanted == "" or iter_num is not None and int(wanted) == iter_num):
         hold()
 
 
