@@ -60,7 +60,7 @@ def check(cfg):
     # (AdamW's and Muon's alike): at 1 the weights are zeroed, above it their signs flip.
     for lr, decay in (("learning_rate", "weight_decay"), ("muon_lr", "muon_weight_decay")):
         product = getattr(cfg, lr) * getattr(cfg, decay)
-        if math.isfinite(product) and product >= 1:
+        if math.isfinite(getattr(cfg, lr)) and math.isfinite(getattr(cfg, decay)) and product >= 1:
             problems.append(f"{lr} x {decay} = {product:g} must be below 1: decoupled weight decay "
                             f"multiplies each weight by 1 - {product:g} every step, which zeroes it or "
                             "flips its sign; lower one of them")

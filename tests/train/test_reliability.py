@@ -139,6 +139,8 @@ def test_a_run_refused_at_start_leaves_no_out_dir(tmp_path):
          r"1 - 2 every step, which zeroes it or flips its sign; lower one of them"),
         ({"optimizer": "muon", "muon_lr": "0.5", "muon_weight_decay": "2"}, "muon_lr x muon_weight_decay = 1 must be"),
         ({"learning_rate": "10", "weight_decay": "0.5"}, "learning_rate x weight_decay = 5 must be below 1"),
+        ({"optimizer": "muon", "muon_lr": "1e308", "muon_weight_decay": "1e308"},
+         "muon_lr x muon_weight_decay = inf must be below 1"),
         ({"beta1": "1.5"}, r"beta1=1.5 must be in \[0, 1\)"),
         ({"beta2": "1"}, r"beta2=1.0 must be in \[0, 1\)"),
         ({"seed": str(2**70)}, "seed=.* must be between 0 and"),
