@@ -7,8 +7,8 @@ before anything else and releases it last):
 
 init_from=auto (for jobs that torchrun --max-restarts restarts, docs/distributed.md):
 resume when the out_dir holds a checkpoint of this run (the same model, dataset and
-data, by its fingerprint, optimizer and LoRA settings), start from scratch when it holds none, and refuse
-another run's folder as init_from=scratch does. The lock goes with the process that
+data, by its fingerprint, optimizer and LoRA settings), start from scratch when it
+holds none, and refuse another run's folder as init_from=scratch does. The lock goes with the process that
 held it, kill -9 included, so a restarted job takes its own out_dir again, while a
 second job beside a live one is still refused.
 
