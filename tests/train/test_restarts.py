@@ -4,8 +4,9 @@
 
 with a worker SIGKILLed from outside (by this test, as a user's `kill -9` or the
 out-of-memory killer would), rank 1 in the middle of a step and rank 0 in the middle of
-writing the checkpoint of iteration 8 (iteration 4's on disk), and nothing set in torchrun's environment: torchrun restarts the
-job, it resumes, and it ends with the uninterrupted run's weights and metrics. (Before
+writing the checkpoint of iteration 8 (iteration 4's on disk), and nothing set in
+torchrun's environment: torchrun restarts the job, it resumes from iteration 4, and it
+ends with the uninterrupted run's weights and metrics. (Before
 gptkit/train/distributed.py's attempt_store, the restart read the killed attempt's
 addresses from torchrun's shared store: "Gloo connectFullMesh failed ... Connection
 refused", or a hang.)"""
