@@ -282,6 +282,8 @@ def main(argv=None):
     )
     parser.add_argument("--samples", type=int, default=4096, help="rows sampled for --scaling")
     args = parser.parse_args(argv)
+    if not 0 <= args.seed < 2**63:  # torch's generators take a 64-bit seed
+        raise UserError(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
     if args.scaling:
         if args.samples < 1:
             raise UserError(f"--samples must be at least 1, got {args.samples}")

@@ -24,7 +24,9 @@ docs/serve.md: the page, Open WebUI and other clients, the limits and errors.
 from dataclasses import dataclass
 from pathlib import Path
 
+from gptkit.errors import quiet_start
 
+quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 from gptkit.config import parse_settings, setting
 from gptkit.device import SAMPLE_DTYPES, resolve_device
 from gptkit.errors import run_main
@@ -106,6 +108,8 @@ def main(argv=None):
 
     (cfg,) = parse_settings(argv, [ServeConfig], prog="serve.py", description=__doc__)
     api_key(cfg)  # a key no client could send is refused before anything loads
+    # The web packages: one that is missing is named now, not after the model has loaded.
+    import starlette, uvicorn  # noqa: F401
     device = resolve_device(cfg.device)
     sock = bind(cfg.host, cfg.port)  # before the model loads: a port in use fails at once
     model, tokenizer, summary = load_model(cfg.init_from, cfg.out_dir, cfg.ckpt, cfg.data_dir, cfg.meta)

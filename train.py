@@ -420,9 +420,7 @@ def run(model_cfg, cfg, dist, start_time):
             if state.eval_due(cfg.eval_interval, schedule.finished(state)) or cfg.eval_only:
                 if schedule.finished(state) and not cfg.eval_only:
                     saver.save_finished(state, cfg.always_save_checkpoint)  # the last eval may fail
-                with log.clock.paused():  # train_cpu_s leaves evaluations out
-                    scores = evaluate(model, plan, stop, log.eval_progress(state.iter_num))
-                state.train_cpu_s = log.clock.cpu_s()
+                scores = evaluate(model, plan, stop, log.eval_progress(state.iter_num))
                 if scores is None:  # a stop signal during the evaluation
                     return stopped(saver, state, log, stop, start_time, during_eval=True)
                 log.eval(scores, cfg.learning_rate * schedule.lr_scale(state))
@@ -441,8 +439,8 @@ def run(model_cfg, cfg, dist, start_time):
             lr_scale = schedule.lr_scale(state)  # once per step: set, then logged
             with log.clock.step():
                 loss, grad_norm, stop_now = train_step(step, state.iter_num, lr_scale, stop)
-            state.train_time_s += log.clock.last_step_s
-            state.train_cpu_s = log.clock.cpu_s()
+            state.train_time_s += log.clock.last_step_s  # the clocks count steps alone
+            state.train_cpu_s += log.clock.last_step_cpu_s
             log.train(loss, grad_norm, cfg.learning_rate * lr_scale)  # AdamW's rate
             state.iter_num += 1
             if stop_now:

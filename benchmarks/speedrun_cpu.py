@@ -10,8 +10,8 @@ at OMP_NUM_THREADS=1 whose CPU seconds (user + system, getrusage) are counted:
 The target is N's final loss on the whole validation split (its checkpoint,
 evaluated here in the consecutive windows train.py's --eval_iters=0 uses), or
 A's when no nanoGPT checkout is given, or --target. For A and B, "CPU s to
-target" is train.py's train_cpu_s (the process's CPU seconds with evaluations
-left out, start-up included) interpolated at the crossing; the headline ratio
+target" is train.py's train_cpu_s (the process's CPU seconds inside training
+steps: start-up, evaluations and saves left out) interpolated at the crossing; the headline ratio
 divides it by N's whole-process CPU seconds (its 20-batch evaluations included,
 which favours nanoGPT's side by ~5%), and the second ratio by A's.
 
@@ -84,8 +84,8 @@ def tables(results, nano, target, Table):
         ["run", "seed", "iters", "final val loss", "process CPU s", "wall s", "CPU s to target",
          "vs nanoGPT's CPU s" if n_label else "vs nanoGPT's CPU s (no checkout)", "vs A's CPU s"],
         note="Every run a subprocess with OMP_NUM_THREADS=1; process CPU s = user + system of the whole process "
-        "(start-up and evaluations included). CPU s to target: train.py's train_cpu_s (evaluations left out, "
-        "start-up included) at the first full-split evaluation at or below the target, interpolated between "
+        "(start-up and evaluations included). CPU s to target: train.py's train_cpu_s (training steps alone, "
+        "start-up and evaluations left out) at the first full-split evaluation at or below the target, interpolated between "
         "evaluations; for nanoGPT, its whole run. Ratios: CPU s to target over nanoGPT's (or A's) whole-process CPU s.",
     )
     for label in labels:

@@ -45,7 +45,7 @@ def save_checkpoint(obj, path, replace=True):
         with deferred_interrupts(), atomic_write(path, replace=replace, what="checkpoint ", kept=kept) as tmp:
             with open(tmp, "wb") as f:
                 torch.save(obj, f)
-                faults.maybe_exit_during_save()
+                faults.maybe_exit_during_save(obj.get("iter_num") if isinstance(obj, dict) else None)
     except RuntimeError as e:  # torch.save reports a full disk as RuntimeError
         raise RunFailed(f"could not write checkpoint {path}: {e} ({kept})")
 

@@ -46,6 +46,18 @@ def dataset_dir(data_dir, name):
     return Path(data_dir) / name
 
 
+def fingerprint(data_dir, name):
+    """The fingerprint meta.json records for the dataset (prepare.py's hash of its sources
+    and tokenizer), or None where it has none or cannot be read yet (load_meta then names
+    the problem, or ensure_dataset prepares a missing named dataset)."""
+    folder = dataset_dir(data_dir, name)
+    try:
+        value = read_meta_file(folder, folder / "meta.json", "").get("fingerprint")
+    except (UserError, OSError):
+        return None
+    return value if isinstance(value, str) else None
+
+
 def ensure_dataset(data_dir, name):
     """Prepare a missing named dataset that prepare.py knows how to build.
 

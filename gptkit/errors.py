@@ -96,7 +96,7 @@ def _out_of_memory(e):
 # What requirements.txt installs (and the optional packages some commands import): an
 # ImportError naming one of them is a setup to fix, said in one line, not a traceback.
 REQUIREMENTS = ("torch", "numpy", "tiktoken", "rustbpe", "tqdm", "wandb", "safetensors", "gguf", "matplotlib",
-                "transformers", "peft", "llama_cpp")
+                "transformers", "peft", "llama_cpp", "starlette", "uvicorn")
 
 
 def missing_requirement(error):

@@ -17,6 +17,12 @@ variable GPT_FAULTS to a comma-separated list, e.g.
                                         only (TORCHELASTIC_RESTART_COUNT unset or 0): the restart runs on
     GPT_FAULTS=kill_at=6,kill_once=F    the same, once for the whole job: only the process that creates
                                         file F dies (the restart count is per node: pytorch/pytorch#108158)
+    GPT_FAULTS=hold_at=6,hold_rank=1,hold=F   rank 1 writes its pid to file F at iteration 6 and waits
+                                        to be killed from outside (once for the whole job: only
+                                        the process that creates F waits)
+    GPT_FAULTS=hold_during_save=8,hold=F  the same halfway through writing iteration 8's checkpoint
+    GPT_FAULTS=join_delay=2,join_rank=1 rank 1 waits 2 s before joining the process group (a slow
+                                        start: a loaded machine, a slow disk)
     GPT_FAULTS=token_delay=0.05         serve.py's worker waits 50 ms after each token (a slow model on cue)
 
 Users never need this; it does nothing when the variable is unset. The training
@@ -27,6 +33,7 @@ step itself carries no fault-injection code.
 import math
 import os
 import signal
+import time
 
 
 def active():
@@ -57,8 +64,25 @@ def maybe_sigterm(name):
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def maybe_exit_during_save():
+def maybe_exit_during_save(iter_num=None):
+    """exit_during_save: die halfway through any checkpoint write; hold_during_save=N: wait
+    there to be killed (see hold), in a write of iteration N's checkpoint (N empty: any)."""
     maybe_exit("exit_during_save")
+    wanted = active().get("hold_during_save")
+    if wanted is not None and (wanted == "" or iter_num is not None and int(wanted) == iter_num):
+        hold()
+
+
+def hold():
+    """Write this process's pid to the file `hold=F` names, if this process creates it
+    (once for the whole job), and wait up to 10 minutes to be killed from outside."""
+    try:
+        fd = os.open(active()["hold"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, f"{os.getpid()}\n".encode())
+    os.close(fd)
+    time.sleep(600)
 
 
 def maybe_fail(step):
@@ -93,6 +117,20 @@ def maybe_kill(step):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def maybe_hold(step):
+    """hold_at=N (on hold_rank, default: all): wait at iteration N to be killed (see hold)."""
+    faults = active()
+    if at_step("hold_at", step) and faults.get("hold_rank", os.environ.get("RANK", "0")) == os.environ.get("RANK", "0"):
+        hold()
+
+
+def maybe_delay_join():
+    """join_delay=S (on join_rank, default: all): wait S seconds before joining the process group."""
+    faults = active()
+    if faults.get("join_delay") and faults.get("join_rank", os.environ.get("RANK")) == os.environ.get("RANK"):
+        time.sleep(float(faults["join_delay"]))
+
+
 def token_delay():
     """Seconds serve.py's worker waits after each token (fault token_delay=S), else 0."""
     return float(active().get("token_delay") or 0)
@@ -110,9 +148,10 @@ def install(model, iteration):
                     (one process: DDP and FSDP write the reduced gradients themselves)
     kill_at=N       SIGKILL to this process in iteration N's first forward pass, on
                     kill_rank (default: all), in torchrun's first attempt only (or,
-                    with kill_once=FILE, in the one process that creates FILE)"""
+                    with kill_once=FILE, in the one process that creates FILE)
+    hold_at=N       wait there to be killed from outside (see hold)"""
     faults = active()
-    if not any(k in faults for k in ("sigterm_at", "fail_at", "nan_loss_at", "inf_grad_at", "kill_at")):
+    if not any(k in faults for k in ("sigterm_at", "fail_at", "nan_loss_at", "inf_grad_at", "kill_at", "hold_at")):
         return
     signalled = set()
 
@@ -124,6 +163,7 @@ def install(model, iteration):
             signalled.add(step)
             os.kill(os.getpid(), signal.SIGTERM)  # as torchrun forwards it: the step still completes
         maybe_kill(step)
+        maybe_hold(step)
         maybe_fail(step)
         if at_step("nan_loss_at", step):
             logits, loss = output

@@ -22,10 +22,12 @@ the run's header and config.json say which ran):
     fused.apply(model)   # same parameters, same state_dict, faster backward on CPU float32
 
 A guest of model.py, not a second copy of it: before swapping, `apply` runs each
-kind of module both ways, model.py's and ours, forward and backward on a small
-random input (`differs`), and leaves model.py's module in place, with one line
-saying so, where they disagree beyond rounding: a learner who edits RMSNorm or ReLU²
-in model.py trains the edit. Measured cost: ~1 ms per kind, once per run.
+kind of module both ways, model.py's and ours, forward and backward on small
+random inputs (`differs`), in training and in evaluation mode and at scales from
+1e-4 to 1e4 (the range training sees, and beyond), and leaves model.py's module in
+place, with one line saying so, where they disagree beyond rounding: a learner who
+edits RMSNorm or ReLU² in model.py (a clamp, a change in training mode only) trains
+the edit. Measured cost: a few ms per kind, once per run.
 
 The swapped modules still check every tensor they get and fall back to model.py's
 formula for anything but float32 on the CPU (CUDA, where torch.compile fuses these
@@ -121,30 +123,56 @@ def swapped_count(model):
     return sum(isinstance(m, (FusedReLU2, FusedRMSNorm)) for m in model.modules())
 
 
+# The probes' scales: inputs of every size training meets and far beyond (a ReLU² input of
+# 1e4, an activation of 1e-4), so that an edit which changes model.py's formula only for
+# some inputs (a clamp at 3.5, a branch on small norms) shows in one of them.
+PROBE_SCALES = (1e-4, 1e-2, 1.0, 10.0, 1e2, 1e4)
+
+
+def near(a, b, rtol):
+    """a and b agree to rtol of their largest magnitude (a probe's values share one scale)."""
+    return a.shape == b.shape and bool((a - b).abs().max() <= rtol * a.abs().max().clamp_min(1e-30))
+
+
 def differs(module):
     """Why the fused version of `module` (one of model.py's) cannot stand in for it, or
-    None: both run forward and backward on the same small random input and upstream
-    gradient, on copies of its parameters (the model itself is untouched)."""
-    probe = copy.deepcopy(module).float().train(False)
+    None: both run forward and backward on the same random inputs and upstream gradients,
+    on copies of its parameters (the model itself is untouched), in training mode and in
+    evaluation mode (an edit may apply in one of them only), at each of PROBE_SCALES."""
+    probe = copy.deepcopy(module).float()
     fast = swapped(probe)  # shares the probe's parameters
     g = torch.Generator().manual_seed(0)
     width = probe.weight.numel() if isinstance(probe, RMSNorm) else 16
-    x = torch.randn(2, 5, width, generator=g)
-    upstream = torch.randn(2, 5, width, generator=g)
+    for training in (True, False):
+        probe.train(training), fast.train(training)
+        for scale in PROBE_SCALES:
+            x = torch.randn(2, 5, width, generator=g) * scale
+            upstream = torch.randn(2, 5, width, generator=g)
+            why = compared(probe, fast, x, upstream)
+            if why:
+                return f"{why}, in {'training' if training else 'evaluation'} mode, inputs of scale {scale:g}"
+    return None
+
+
+def compared(probe, fast, x, upstream):
+    """Why the two modules' forward or backward on input x differ, or None."""
     results = []
     for m in (probe, fast):
         xi = x.clone().requires_grad_()
         try:
-            y = m(xi)
+            with torch.random.fork_rng(devices=[]):  # the run's random state is left as it was
+                torch.manual_seed(0)  # an edit that draws random numbers draws the same ones in both
+                y = m(xi)
             grads = torch.autograd.grad((y * upstream).sum(), [xi, *m.parameters()], allow_unused=True)
         except Exception as e:  # an edit that breaks one of them: model.py's then runs (and says why)
             return f"{type(e).__name__}: {e}"
         results.append((y.detach(), [t for t in grads if t is not None]))
     (y0, g0), (y1, g1) = results
-    if y0.shape != y1.shape or not torch.allclose(y0, y1, rtol=1e-5, atol=1e-6):
-        gap = (y0 - y1).abs().max().item() if y0.shape == y1.shape else "shape"
-        return f"its forward differs from model.py's by {gap:.2g}" if gap != "shape" else "shapes differ"
-    if len(g0) != len(g1) or any(not torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(g0, g1)):
+    if y0.shape != y1.shape:
+        return "shapes differ"
+    if not near(y0, y1, 1e-5):
+        return f"its forward differs from model.py's by {(y0 - y1).abs().max().item():.2g}"
+    if len(g0) != len(g1) or any(not near(a, b, 1e-4) for a, b in zip(g0, g1)):
         return "its backward differs from autograd's through model.py's forward"
     return None
 

@@ -39,11 +39,19 @@ EDITS = {  # name: [(old, new), ...], each old found once in model.py
                  "        y = 0.5 * F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n")],
 }
 
+# Edits to both fused modules' formulas that a probe of one small input in evaluation
+# mode missed: ReLU² changed for large inputs only, RMSNorm in training mode only.
+FUSED_EDITS = [
+    ("        return F.relu(h).square()\n", "        return F.relu(h).clamp(max=3.5).square()\n"),
+    ("        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n",
+     "        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n        y = y * 1.5 if self.training else y\n"),
+]
+
 # Run inside a tree: train twice, sample twice, print what happened as one JSON line.
 PROBE = r"""
 import contextlib, io, json, sys
 import sample, train
-data, out = sys.argv[1], sys.argv[2]
+data, out, sampling = sys.argv[1], sys.argv[2], sys.argv[3] == "sample"
 common = ["--dataset=tiny", f"--data_dir={data}", "--n_layer=2", "--n_head=2", "--n_embd=32",
           "--block_size=32", "--batch_size=4", "--gradient_accumulation_steps=1", "--max_iters=4",
           "--eval_interval=4", "--eval_iters=1", "--log_interval=1", "--compile=false", "--device=cpu",
@@ -56,6 +64,9 @@ for kernels in ("fused", "model"):
         assert train.main(common + [f"--out_dir={out}-{kernels}", f"--cpu_kernels={kernels}"]) == 0
     rows = [json.loads(line) for line in open(f"{out}-{kernels}/metrics.jsonl")]
     result[kernels] = {"losses": [r["loss"] for r in rows if "loss" in r], "log": printed.getvalue()}
+if not sampling:
+    print(json.dumps(result))
+    sys.exit(0)
 for decode in ("true", "false"):
     text, said = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(text), contextlib.redirect_stderr(said):
@@ -111,12 +122,14 @@ def tiny_data(tmp_path_factory):
     return root
 
 
-def probe(tree, root, name):
-    result = subprocess.run([sys.executable, "-c", PROBE, str(root / "data"), str(root / f"out-{name}")],
+def probe(tree, root, name, sampling=True):
+    result = subprocess.run([sys.executable, "-c", PROBE, str(root / "data"), str(root / f"out-{name}"),
+                             "sample" if sampling else "train"],
                             cwd=tree, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     got = json.loads(result.stdout.strip().splitlines()[-1])
-    got["serve"] = served(tree, root / f"out-{name}-chat.pt")
+    if sampling:
+        got["serve"] = served(tree, root / f"out-{name}-chat.pt")
     return got
 
 
@@ -152,17 +165,22 @@ def test_unedited_the_fast_paths_run_and_are_named(unedited):
     assert unedited["fused"]["losses"] == pytest.approx(unedited["model"]["losses"], abs=1e-5)
 
 
-@pytest.mark.parametrize("edit", sorted(EDITS))
-def test_an_edit_to_model_py_is_what_trains_and_samples(edit, tiny_data, unedited, tmp_path):
+def edited_tree(tmp_path, *edits):
     tree = tmp_path / "tree"
     shutil.copytree(REPO, tree, ignore=beside_the_code)
     source = (tree / "model.py").read_text()
-    for old, new in EDITS[edit]:
-        assert source.count(old) >= 1
+    for old, new in edits:
+        assert source.count(old) == 1
         source = source.replace(old, new)
-    if edit == "renamed":  # every use renamed: none left
-        assert "c_fc" not in source
     (tree / "model.py").write_text(source)
+    return tree
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_an_edit_to_model_py_is_what_trains_and_samples(edit, tiny_data, unedited, tmp_path):
+    tree = edited_tree(tmp_path, *EDITS[edit])
+    if edit == "renamed":  # every use renamed: none left
+        assert "c_fc" not in (tree / "model.py").read_text()
     got = probe(tree, tiny_data, edit)
     assert "Traceback" not in json.dumps(got)
     # training follows the edit, whichever kernels were asked for
@@ -181,3 +199,22 @@ def test_an_edit_to_model_py_is_what_trains_and_samples(edit, tiny_data, unedite
     assert (got["logits_True"] == pytest.approx(unedited["logits_True"], abs=1e-4)) == same
     assert got["chat_true"]["text"] == got["chat_false"]["text"]
     assert got["serve"]["reply"] in got["chat_true"]["text"]
+
+
+def test_edits_to_the_fused_formulas_for_some_inputs_or_in_training_only_fall_back_named(tiny_data, unedited,
+                                                                                          tmp_path):
+    """The self-check probes training and evaluation mode at scales from 1e-4 to 1e4: each
+    fused module an edit touches falls back with one line naming it, and the default run
+    trains what --cpu_kernels model trains (the other, unedited kinds stay fused: the
+    rmsnorm case above)."""
+    got = probe(edited_tree(tmp_path, *FUSED_EDITS), tiny_data, "fused-edits", sampling=False)
+    log = got["fused"]["log"]
+    fallback = [line for line in log.splitlines() if "does not match" in line]
+    assert len(fallback) == 2, log
+    for line, kind, why in zip(fallback, ("RMSNorm", "ReLU2"), ("in training mode", "of scale 10")):
+        assert line.startswith(f"kernels: gptkit/fused.py's {kind} does not match model.py's ("), line
+        assert why in line and line.endswith(f"): model.py's {kind} runs"), line
+    assert "kernels model.py" in log
+    assert got["fused"]["losses"] == pytest.approx(got["model"]["losses"], abs=1e-5)
+    # RMSNorm scaled in training: the run trains the edit (the tiny run's h stays below 3.5)
+    assert got["fused"]["losses"] != pytest.approx(unedited["fused"]["losses"], abs=1e-5)

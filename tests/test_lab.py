@@ -173,6 +173,20 @@ def test_bad_text_exits_2_with_a_message(capsys):
     assert capsys.readouterr().err.startswith("error: --text needs between 1 and 8 words")
 
 
+@pytest.mark.parametrize("seed", [2**64 + 1, 2**63, -1])
+@pytest.mark.parametrize("mode", ["--no_interactive", "--scaling"])
+def test_a_seed_outside_torchs_range_exits_2_in_one_line(seed, mode, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(lab.main, [f"--seed={seed}", mode])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"error: --seed must be between 0 and 2**63 - 1, got {seed}\n"
+
+
+def test_the_largest_seed_runs(capsys):
+    assert lab.main([f"--seed={2**63 - 1}", "--no_interactive"]) == 0
+    assert "stage 5/5" in capsys.readouterr().out
+
+
 # ---- √d_k ----------------------------------------------------------------------------
 
 

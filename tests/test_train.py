@@ -100,25 +100,58 @@ def test_resume_from_eval_checkpoint_equals_uninterrupted(data_dir, tmp_path):
 
 
 def test_a_time_budget_ends_the_run_when_spent_with_the_decay_done_and_resumes_to_a_larger_one(data_dir, tmp_path):
-    """The budget counts the process's CPU seconds with evaluations left out (train_cpu_s:
-    start-up included, ~2 s here), so the runs are processes of their own."""
+    """The budget counts this process's CPU seconds inside training steps (train_cpu_s):
+    the run ends at the step that spends it, its rate decayed to min_lr, and a resume
+    with a larger budget goes on from there."""
     out = tmp_path / "out"
-    budget = dict(max_iters=100_000, time_budget=4, eval_interval=100_000, lr_decay_iters=100_000)
-    result = run_train_subprocess(tiny_args(data_dir, out, **budget))
-    assert result.returncode == 0, result.stderr
+    budget = dict(max_iters=100_000, time_budget=1, eval_interval=100_000, lr_decay_iters=100_000)
+    assert train.main(tiny_args(data_dir, out, **budget)) == 0
     ckpt = load_checkpoint(out / "ckpt.pt")
     steps = read_metrics(out, "train")
-    assert len(steps) == ckpt["iter_num"] > 5 and 4 <= ckpt["train_cpu_s"] < 4.5  # ends at the step past it
+    last_step = steps[-1]["train_cpu_s"] - steps[-2]["train_cpu_s"]
+    assert len(steps) == ckpt["iter_num"] > 5 and 1 <= ckpt["train_cpu_s"] < 1 + last_step + 1e-9  # the step past it
     lrs = [r["lr"] for r in steps[2:]]  # after the warmup the rate falls with the share spent, towards min_lr
     assert all(a >= b for a, b in zip(lrs, lrs[1:])) and lrs[0] > 2 * lrs[-1] and lrs[-1] < 0.15e-2
     evals = read_metrics(out, "eval")
     assert [e["iter"] for e in evals] == [0, ckpt["iter_num"]] and evals[-1]["lr"] == pytest.approx(1e-3)
     assert (out / "best.pt").is_file()
-    result = run_train_subprocess(tiny_args(data_dir, out, init_from="resume", **{**budget, "time_budget": 7}))
-    assert result.returncode == 0, result.stderr
+    assert train.main(tiny_args(data_dir, out, init_from="resume", **{**budget, "time_budget": 1.5})) == 0
     resumed = load_checkpoint(out / "ckpt.pt")
-    assert resumed["iter_num"] > ckpt["iter_num"] and 7 <= resumed["train_cpu_s"] < 7.5
+    assert resumed["iter_num"] > ckpt["iter_num"] and 1.5 <= resumed["train_cpu_s"] < 1.7
     assert [r["iter"] for r in read_metrics(out, "train")] == list(range(resumed["iter_num"]))
+
+
+def test_a_time_budget_counts_the_same_steps_whether_or_not_the_run_was_stopped(data_dir, tmp_path, monkeypatch):
+    """On a clock that gives each step one second and jumps by 1000 between processes (a
+    start-up), a 10-second budget trains 10 steps, stopped after 5 and resumed or not,
+    to the same weights: start-up, evaluations and saves are not charged to the budget."""
+    from gptkit.train import logger
+
+    clock = {"ticks": iter(range(10**6))}
+    monkeypatch.setattr(logger, "cpu_clock", lambda: float(next(clock["ticks"])))  # read twice a step
+    budget = dict(max_iters=100_000, time_budget=10, eval_interval=3, lr_decay_iters=100_000)
+    assert train.main(tiny_args(data_dir, tmp_path / "whole", **budget)) == 0
+    monkeypatch.setenv("GPT_FAULTS", "sigterm_at=4")  # the stop comes in iteration 4, which completes
+    assert train.main(tiny_args(data_dir, tmp_path / "cut", **budget)) == 0
+    assert load_checkpoint(tmp_path / "cut" / "ckpt.pt")["iter_num"] == 5
+    monkeypatch.delenv("GPT_FAULTS")
+    clock["ticks"] = iter(range(1000, 10**6))  # another process's start-up
+    assert train.main(tiny_args(data_dir, tmp_path / "cut", init_from="resume", **budget)) == 0
+    whole, cut = load_checkpoint(tmp_path / "whole" / "ckpt.pt"), load_checkpoint(tmp_path / "cut" / "ckpt.pt")
+    assert (whole["iter_num"], whole["train_cpu_s"]) == (cut["iter_num"], cut["train_cpu_s"]) == (10, 10)
+    assert losses_by_iter(tmp_path / "whole") == losses_by_iter(tmp_path / "cut")
+    assert all(torch.equal(whole["model"][k], cut["model"][k]) for k in whole["model"])
+
+
+def test_a_time_budget_too_small_for_one_step_says_so_and_exits_2(data_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run_main_code(tiny_args(data_dir, out, max_iters=100, time_budget=1e-6)) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: time_budget=1e-06 is spent by the first training step "
+                                                   "alone ("), captured.err
+    assert "nothing saved; give room for many steps, e.g. --time_budget=" in lines[0]
+    assert "checkpoints in" not in captured.out and not out.exists()
 
 
 def test_a_time_budget_under_several_ranks_is_refused_naming_max_iters(data_dir, tmp_path):

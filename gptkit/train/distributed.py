@@ -27,6 +27,7 @@ import signal
 import torch
 import torch.distributed
 
+from gptkit import faults
 from gptkit.errors import PeerFailed, UserError, first_line, same_on_every_rank
 
 
@@ -98,7 +99,8 @@ def init(backend, device_type):
                 "give torchrun --nproc_per_node at most the number of GPUs"
             )
         torch.cuda.set_device(local_rank)  # one process per device
-    torch.distributed.init_process_group(backend=backend)
+    faults.maybe_delay_join()  # test-only: a rank that starts late (GPT_FAULTS=join_delay=S)
+    torch.distributed.init_process_group(backend=backend, **attempt_store(world_size))
     return Dist(rank=rank, local_rank=local_rank, world_size=world_size, enabled=True)
 
 
@@ -112,6 +114,24 @@ def peer_failed(error):
     said = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", first_line(error, 400)).split(". This is typically")[0]
     return PeerFailed(f"another rank left the job ({said[:160]}): every rank stops; the torchrun of the node "
                       "at that address names the rank that failed and why")
+
+
+def attempt_store(world_size):
+    """init_process_group's store for this torchrun attempt: {} (torch's own) unless the
+    workers share torchrun's rendezvous store (its default, TORCHELASTIC_USE_AGENT_STORE).
+    Then torch reuses that one store on every attempt without a per-attempt prefix (its
+    comment says each retry gets a new store; shared, it does not), so a restarted
+    worker could read the killed attempt's gloo addresses before its peer wrote new ones:
+    "Gloo connectFullMesh failed ... Connection refused", or a hang (seen on one machine
+    in 10 of 11 restarts; tests/train/test_restarts.py makes it happen on cue). Each
+    attempt's keys go under a prefix of its own here."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    shared = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                                        is_master=False, timeout=torch.distributed.default_pg_timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dict(store=torch.distributed.PrefixStore(f"gptkit/attempt_{attempt}/", shared),
+                rank=int(os.environ["RANK"]), world_size=world_size)
 
 
 def check_launch():

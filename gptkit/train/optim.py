@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from gptkit.errors import UserError
+
 
 def lr_scale(step, cfg, progress=None):
     """The schedule's factor at iteration `step` (0-based): every parameter group
@@ -83,7 +85,14 @@ class Schedule:
         return min(1.0, max(self.spent_s(state) / budget, state.iter_num / max(self.cfg.max_iters, 1)))
 
     def finished(self, state):
-        """max_iters steps taken, or the time budget spent."""
+        """max_iters steps taken, or the time budget spent. A budget that the run's first
+        step alone spends cannot train what it describes: refused (exit 2) before the
+        loop saves anything."""
+        if state.iter_num == 1 and self.cfg.time_budget and self.spent_s(state) >= self.cfg.time_budget:
+            step_s, what = self.spent_s(state), "CPU seconds" if self.cpu else "seconds"
+            raise UserError(f"time_budget={self.cfg.time_budget:g} is spent by the first training step alone "
+                            f"({step_s:.3g} {what}): nothing saved; give room for many steps, e.g. "
+                            f"--time_budget={max(1, math.ceil(100 * step_s)):g}")
         return state.iter_num >= self.cfg.max_iters or self.progress(state) == 1.0
 
     def lr_scale(self, state):

@@ -6,9 +6,9 @@ before anything else and releases it last):
     claim.release(ok=True)   # a failed run that saved nothing takes its files with it
 
 init_from=auto (for jobs that torchrun --max-restarts restarts, docs/distributed.md):
-resume when the out_dir holds a checkpoint of this run (the same model, dataset,
-optimizer and LoRA settings), start from scratch when it holds none, and refuse
-another run's folder as init_from=scratch does. The lock goes with the process that
+resume when the out_dir holds a checkpoint of this run (the same model, dataset and
+data, by its fingerprint, optimizer and LoRA settings), start from scratch when it
+holds none, and refuse another run's folder as init_from=scratch does. The lock goes with the process that
 held it, kill -9 included, so a restarted job takes its own out_dir again, while a
 second job beside a live one is still refused.
 
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from gptkit import dataset
 from gptkit.errors import UserError
 from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
 from gptkit.paths import claim_output
@@ -34,6 +35,7 @@ from gptkit import sharded  # the sharded checkpoint's names (not torch's DCP: l
 # kernel, the same function computed another way), and these.
 RUN_IDENTITY = ("dataset", "optimizer", "lora_rank", "lora_targets")
 NOT_IDENTITY = ("dropout", "vocab_size", "attention")
+DATA_FINGERPRINT = "data fingerprint"  # and the data itself: the dataset's fingerprint (meta.json)
 
 
 def claim_out_dir(model_cfg, cfg, dist, writes):
@@ -58,7 +60,8 @@ def claim_out_dir(model_cfg, cfg, dist, writes):
 
 def latest_settings(out_dir):
     """The settings saved with the checkpoint in out_dir that init_from=resume would
-    load (the newer of ckpt.pt and the sharded ckpt/), {} when they cannot be read
+    load (the newer of ckpt.pt and the sharded ckpt/), and under DATA_FINGERPRINT the
+    fingerprint of the data it trained on; {} when they cannot be read
     (resume then names what is wrong with the file), None when there is no checkpoint."""
     out_dir = Path(out_dir)
     folder, single = sharded.find(out_dir), out_dir / "ckpt.pt"
@@ -66,15 +69,18 @@ def latest_settings(out_dir):
         if folder is not None and (not single.is_file() or sharded.mtime(folder) >= single.stat().st_mtime):
             with open(folder / sharded.RUN_FILE, "rb") as f:
                 raw = f.read(sharded.MAX_RUN_BYTES + 1)
-            settings = json.loads(raw).get("config") if len(raw) <= sharded.MAX_RUN_BYTES else None
+            saved = json.loads(raw) if len(raw) <= sharded.MAX_RUN_BYTES else None
         elif single.is_file():
             # mmap: the settings without reading the weights (the resume's load checks the file)
-            settings = torch.load(single, map_location="cpu", weights_only=True, mmap=True).get("config")
+            saved = torch.load(single, map_location="cpu", weights_only=True, mmap=True)
         else:
             return None
+        settings = saved.get("config")
+        if not isinstance(settings, dict):
+            return {}
+        return {**settings, DATA_FINGERPRINT: saved.get("data_fingerprint")}
     except Exception:
         return {}
-    return settings if isinstance(settings, dict) else {}
 
 
 def identity_differences(saved, model_cfg, cfg):
@@ -83,7 +89,12 @@ def identity_differences(saved, model_cfg, cfg):
         return []  # unreadable: resuming names the damage
     here = {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg) if f.name not in NOT_IDENTITY}
     here.update({name: getattr(cfg, name) for name in RUN_IDENTITY})
-    return [f"{k}={saved[k]} there, {v} here" for k, v in here.items() if k in saved and saved[k] != v]
+    differences = [f"{k}={saved[k]} there, {v} here" for k, v in here.items() if k in saved and saved[k] != v]
+    theirs, ours = saved.get(DATA_FINGERPRINT), dataset.fingerprint(cfg.data_dir, cfg.dataset)
+    if theirs and ours and theirs != ours:  # the same name, other data (another --data_dir, prepared again)
+        differences.append(f"dataset {cfg.dataset}'s data: fingerprint {theirs[:12]} there (data_dir="
+                           f"{saved.get('data_dir')}), {ours[:12]} here (data_dir={cfg.data_dir})")
+    return differences
 
 
 def resolve_auto(out_dir, model_cfg, cfg):

@@ -56,6 +56,14 @@ def check(cfg):
     if not math.isfinite(cfg.time_budget) or cfg.time_budget < 0:
         problems.append(f"time_budget={cfg.time_budget} must be a finite number of seconds, not negative "
                         "(0 = off)")
+    # Decoupled weight decay multiplies each decayed weight by 1 - lr * decay every step
+    # (AdamW's and Muon's alike): at 1 the weights are zeroed, above it their signs flip.
+    for lr, decay in (("learning_rate", "weight_decay"), ("muon_lr", "muon_weight_decay")):
+        product = getattr(cfg, lr) * getattr(cfg, decay)
+        if math.isfinite(getattr(cfg, lr)) and math.isfinite(getattr(cfg, decay)) and product >= 1:
+            problems.append(f"{lr} x {decay} = {product:g} must be below 1: decoupled weight decay "
+                            f"multiplies each weight by 1 - {product:g} every step, which zeroes it or "
+                            "flips its sign; lower one of them")
     if cfg.muon_weight_decay > 0 and cfg.optimizer != "muon":
         problems.append(f"muon_weight_decay={cfg.muon_weight_decay} decays Muon's matrices, but "
                         f"optimizer={cfg.optimizer}: set weight_decay (AdamW's) instead")

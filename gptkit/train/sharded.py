@@ -75,7 +75,7 @@ def save(kind, out_dir, model, optimizers, info, device, dist):
         with warnings.catch_warnings():  # one process without a process group: what we asked for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=FileSystemWriter(tmp, sync_files=True))
-        faults.maybe_exit_during_save()
+        faults.maybe_exit_during_save((info or {}).get("iter_num"))
         files = _file_records(tmp, dist)
         if dist.is_main:
             # No GradScaler under FSDP: it trains in bf16 or fp32 (fsdp.check_settings).

@@ -52,3 +52,25 @@ def test_auto_with_lora_and_no_checkpoint_says_how_to_start(tmp_path):
     with pytest.raises(UserError, match="init_from=auto found no checkpoint in .* lora_rank > 0 adapts a trained model"):
         train.main(tiny_args(data, tmp_path / "out", init_from="auto", lora_rank=2, **ARGS))
     assert not (tmp_path / "out").exists()
+
+
+def test_auto_refuses_a_run_on_other_data_under_the_same_name_and_resumes_a_copy(tmp_path):
+    """The run's identity holds the data (meta.json's fingerprint), not only the dataset's
+    name: another --data_dir whose 'tiny' holds another text is refused in one line naming
+    both folders, untouched; the same data copied to another folder resumes."""
+    import shutil
+
+    data = write_char_dataset(tmp_path / "data").parent
+    other = write_char_dataset(tmp_path / "other", text="a different text, same name. " * 400).parent
+    out = tmp_path / "out"
+    assert train.main(tiny_args(data, out, init_from="auto", **{**ARGS, "max_iters": 3})) == 0
+    before = (out / "ckpt.pt").read_bytes()
+    with pytest.raises(UserError, match=rf"holds another run \(dataset tiny's data: fingerprint \w{{12}} there "
+                                        rf"\(data_dir={data}\), \w{{12}} here \(data_dir={other}\)\): init_from=auto "
+                                        r"resumes only its own run") as refused:
+        train.main(tiny_args(other, out, init_from="auto", **ARGS))
+    assert "\n" not in str(refused.value)
+    assert (out / "ckpt.pt").read_bytes() == before and len(read_metrics(out, "train")) == 3
+    shutil.copytree(data, tmp_path / "copy")
+    assert train.main(tiny_args(tmp_path / "copy", out, init_from="auto", **ARGS)) == 0
+    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 6

@@ -134,6 +134,13 @@ def test_a_run_refused_at_start_leaves_no_out_dir(tmp_path):
         ({"optimizer": "adamw", "muon_normuon": "true"}, "muon_normuon=true changes Muon's step, but optimizer=adamw"),
         ({"optimizer": "muon", "muon_cautious_wd": "true"}, "muon_cautious_wd=true chooses where Muon's weight decay acts, but muon_weight_decay=0"),
         ({"weight_decay": "-1"}, "weight_decay=-1.0 must be a finite number, not negative"),
+        ({"optimizer": "muon", "muon_lr": "20", "muon_weight_decay": "0.1"},
+         r"muon_lr x muon_weight_decay = 2 must be below 1: decoupled weight decay multiplies each weight by "
+         r"1 - 2 every step, which zeroes it or flips its sign; lower one of them"),
+        ({"optimizer": "muon", "muon_lr": "0.5", "muon_weight_decay": "2"}, "muon_lr x muon_weight_decay = 1 must be"),
+        ({"learning_rate": "10", "weight_decay": "0.5"}, "learning_rate x weight_decay = 5 must be below 1"),
+        ({"optimizer": "muon", "muon_lr": "1e308", "muon_weight_decay": "1e308"},
+         "muon_lr x muon_weight_decay = inf must be below 1"),
         ({"beta1": "1.5"}, r"beta1=1.5 must be in \[0, 1\)"),
         ({"beta2": "1"}, r"beta2=1.0 must be in \[0, 1\)"),
         ({"seed": str(2**70)}, "seed=.* must be between 0 and"),
@@ -175,12 +182,14 @@ def test_warmup_longer_than_the_run_is_warned(data_dir, tmp_path, capsys):
 
 
 def test_exploding_weights_are_never_saved_and_last_good_checkpoint_is_finite(data_dir, tmp_path):
-    """A weight decay of 1e30 flips and blows up every matrix at each step: the run must
-    stop, and every checkpoint left on disk (the one it names too) must be finite."""
+    """A learning rate of 1e30 blows up every weight at the first step: the run must
+    stop, and every checkpoint left on disk (the one it names too) must be finite. (A
+    weight decay that large is refused before any work: test_impossible_settings...)"""
     out = tmp_path / "out"
     assert train.main(tiny_args(data_dir, out, max_iters=4, eval_interval=2)) == 0
     result = run_train_subprocess(tiny_args(data_dir, out, init_from="resume", max_iters=40, eval_interval=1,
-                                            lr_decay_iters=40, weight_decay=1e30))
+                                            lr_decay_iters=40, learning_rate=1e30, min_lr=0,
+                                            weight_decay=0))
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert f"Last good checkpoint: {out / 'ckpt.pt'} (iteration 4)" in result.stderr, result.stderr
