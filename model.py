@@ -19,7 +19,8 @@ Generating text: `GPT.generate` is nanoGPT's loop (crop, forward, sample), with 
 cache. A KVCache keeps the keys and values of past tokens so that
 `next_token_logits(new_tokens, cache)` runs the model on the new tokens only;
 gptkit/generate.py builds sample.py's generation on it (cache policies past
-block_size, top_p, min_p, repetition penalty, stop tokens).
+block_size, top_p, min_p, repetition penalty, stop tokens). A BatchKVCache holds rows of
+different lengths, each at its own positions (serve.py's continuous batching).
 
     python -c "import model; print(model.GPT(model.GPTConfig(n_layer=2, n_embd=64)))"
     python lab.py params configs/gpt2.py    # where the 124M parameters are

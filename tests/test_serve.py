@@ -370,5 +370,7 @@ def test_clients_that_leave_waiting_or_running_without_streaming_free_their_plac
     running.close()  # 200 tokens at 40 ms: 8 s more if it were not noticed
     assert wait_busy(queued, 0, 2) < 0.5
     assert post(queued.url + "/v1/completions", {"prompt": "b", "max_tokens": 2})[0] == 200
+    status, reply = post(queued.url + "/v1/completions", {"prompt": "b", "max_tokens": 2, "n": 2})
+    assert status == 400 and "--max_batch" in reply["error"]["message"] and reply["error"]["param"] == "n"
 
 

@@ -192,6 +192,9 @@ def build_app(state):
         return await answer(request, job, "text", stream, include_usage, extras)
 
     async def answer(request, job, kind, stream, include_usage, extras):
+        if job.n > state.worker.max_batch:
+            raise ApiError(400, f"n={job.n} is more than the {state.worker.max_batch} replies this server generates "
+                           "at once (--max_batch)", param="n")
         events = Events(asyncio.get_running_loop())
         job.emit = events.emit
         try:
