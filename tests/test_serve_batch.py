@@ -135,3 +135,28 @@ def test_n_choices_are_the_replies_of_successive_seeds_and_logprobs_are_the_mode
         best = torch.topk(row, 4)
         assert [t for t, _ in top] == [worker._text(i) for i in best.indices.tolist()]
         assert [p for _, p in top] == pytest.approx(best.values.tolist(), abs=1e-4)
+
+
+def test_a_reply_that_fails_mid_batch_ends_alone_and_the_others_go_on(loaded, capsys):
+    model, tokenizer = loaded
+    worker = Worker(model, tokenizer, torch.device("cpu"), capacity=4, max_batch=4)
+    ids = tokenizer.encode("a dog ran")
+    good = [Job(dataclasses.replace(BASE, max_new_tokens=15, seed=s, temperature=1.0), None, prompt=ids)
+            for s in (1, 2)]
+    bad = Job(dataclasses.replace(BASE, max_new_tokens=15, stop=(5,)), None, prompt=ids)  # not a string: fails
+    gathered = [collect(job) for job in (good[0], bad, good[1])]
+    worker.start()
+    try:
+        for job in (good[0], bad, good[1]):
+            worker.submit(job)
+        for _, ended in gathered:
+            assert ended.wait(30)
+    finally:
+        worker.stop()
+        worker.join(10)
+    kind, (status, message, code) = gathered[1][0][-1]
+    assert kind == "error" and status == 500 and code == "server_error" and "TypeError" not in message
+    assert "Traceback" in capsys.readouterr().err  # the log has it, the client one line
+    for job, (events, _) in zip(good, (gathered[0], gathered[2])):
+        assert events[-1][0] == "done" and texts(events)[0] == alone(model, tokenizer, job, worker)
+    assert worker.busy() == 0
