@@ -112,10 +112,17 @@ class Batch:
             self.rows.append(row)
             row.context = None
         self.waiting = []
+        # Greedy rows without a penalty take the argmax: for all of them in one call.
+        greedy = [i for i, r in enumerate(self.rows)
+                  if r.settings.temperature == 0 and r.settings.repetition_penalty == 1.0]
+        picked = {}
+        if greedy:
+            best = torch.stack([logits[i] for i in greedy]).float().argmax(dim=-1)  # (G,)
+            picked = dict(zip(greedy, best.tolist()))
         done = set()
-        for row, row_logits in zip(self.rows, logits):
+        for i, (row, row_logits) in enumerate(zip(self.rows, logits)):
             try:
-                self._advance(row, row_logits)
+                self._advance(row, row_logits, picked.get(i))
             except Exception as e:  # this row's bug or bad value: it fails alone, the others go on
                 row.error = e
                 done.add(row)
@@ -125,12 +132,14 @@ class Batch:
         self.drop(done)
         return done
 
-    def _advance(self, row, logits):
+    def _advance(self, row, logits, token=None):
+        """Row's next token (`token` when already picked), its text and whether it is done."""
         s = row.settings
-        previous = torch.tensor([row.tokens], device=self.device)  # (1, T): the penalty's tokens
-        token = int(choose_next_token(logits[None], s.temperature, s.top_k, s.top_p, s.min_p,
-                                      s.repetition_penalty, previous_tokens=previous,
-                                      generator=row.generator)[0])
+        if token is None:
+            previous = torch.tensor([row.tokens], device=self.device)  # (1, T): the penalty's tokens
+            token = int(choose_next_token(logits[None], s.temperature, s.top_k, s.top_p, s.min_p,
+                                          s.repetition_penalty, previous_tokens=previous,
+                                          generator=row.generator)[0])
         row.tokens.append(token)
         row.new_tokens += not row.stream.stopped
         row.stream.push(token)
