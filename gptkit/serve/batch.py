@@ -8,8 +8,9 @@ positions (model.py documents the shapes and the padding mask). One `Batch.step`
     1. rows whose client left are dropped (cache.keep): their place frees at once
     2. the running rows' last tokens, (B, 1), run through model.next_token_logits with
        the batch cache: one forward for all of them, each row at its own position
-    3. each new row's prompt runs alone (its own one-row BatchKVCache, as long as it
-       is) and its cache row is appended: it is in the batch from the next step
+    3. new rows' prompts run apart from the batch (those of one length together, in a
+       BatchKVCache of their own) and their cache rows are appended: they are in the
+       batch from the next step
     4. every row picks its next token from its own logits with its own settings and
        random generator (gptkit/sampling.py's choose_next_token, as sample.py does),
        and its text grows through generate.py's TextStream (stop strings, stop tokens)
@@ -104,13 +105,19 @@ class Batch:
         if self.rows:  # the running rows: one token each, at each row's own position
             last = torch.tensor([[r.tokens[-1]] for r in self.rows], device=self.device)  # (B, 1)
             logits = list(self.model.next_token_logits(last, self.cache))  # B x (vocab_size,)
-        for row in self.waiting:  # new (or shifted) rows: the prompt alone, then into the batch
-            alone = BatchKVCache(self.model.config.n_layer, self.block, 1, self.device)
-            ids = torch.tensor([row.context], device=self.device)  # (1, T)
-            logits.append(self.model.next_token_logits(ids, alone)[0])
-            self.cache.append(alone)
-            self.rows.append(row)
-            row.context = None
+        # New (or shifted) rows: their prompts run without the others, those of one length
+        # together (no padding needed), then their cache rows join the batch.
+        by_length = {}
+        for row in self.waiting:
+            by_length.setdefault(len(row.context), []).append(row)
+        for group in by_length.values():
+            fresh = BatchKVCache(self.model.config.n_layer, self.block, len(group), self.device)
+            ids = torch.tensor([row.context for row in group], device=self.device)  # (G, T)
+            logits += list(self.model.next_token_logits(ids, fresh))
+            self.cache.append(fresh)
+            self.rows += group
+            for row in group:
+                row.context = None
         self.waiting = []
         # Greedy rows without a penalty take the argmax: for all of them in one call.
         greedy = [i for i, r in enumerate(self.rows)
