@@ -68,7 +68,7 @@ class Batch:
         self.block = model.config.block_size
         self.rows = []  # in the cache's row order
         self.cache = BatchKVCache(model.config.n_layer, self.block, 0, device)
-        self.waiting = []  # rows whose context runs alone at the next step
+        self.waiting = []  # rows whose context runs at the next step, before they join
 
     def __len__(self):
         return len(self.rows) + len(self.waiting)
@@ -95,7 +95,7 @@ class Batch:
     def step(self):
         """One new token for every row; returns the rows that finished in this step."""
         # A row whose cache is full (block_size positions) starts again from its last
-        # block_size // 2 tokens (generate_stream's shift_context): it runs alone like a new row.
+        # block_size // 2 tokens (generate_stream's shift_context): it runs as a new row does.
         full = [r for r, n in zip(self.rows, self.cache.length[:, 0].tolist()) if n >= self.block]
         for row in full:
             row.context = row.tokens[-max(1, self.block // 2):]
