@@ -97,6 +97,8 @@ def test_sixteen_mixed_requests_joining_a_running_batch_equal_their_replies_alon
         worker.stop()
         worker.join(10)
     assert max(sizes) >= 8 and len(set(sizes)) > 3  # rows came and went while others ran
+    lengths = [events[0][1]["prompt_tokens"] + events[-1][1]["completion_tokens"] for events, _ in gathered]
+    assert max(lengths) > 64  # a reply went past block_size: its context shifted in the batch
     replies = [texts(events)[0] for events, _ in gathered]
     assert len(set(replies)) >= 12
     for job, (events, _), reply in zip(jobs, gathered, replies):
