@@ -19,7 +19,8 @@ Generating text: `GPT.generate` is nanoGPT's loop (crop, forward, sample), with 
 cache. A KVCache keeps the keys and values of past tokens so that
 `next_token_logits(new_tokens, cache)` runs the model on the new tokens only;
 gptkit/generate.py builds sample.py's generation on it (cache policies past
-block_size, top_p, min_p, repetition penalty, stop tokens).
+block_size, top_p, min_p, repetition penalty, stop tokens). A BatchKVCache holds rows of
+different lengths, each at its own positions (serve.py's continuous batching).
 
     python -c "import model; print(model.GPT(model.GPTConfig(n_layer=2, n_embd=64)))"
     python lab.py params configs/gpt2.py    # where the 124M parameters are
@@ -202,7 +203,8 @@ def reference_attention(q, k, v, causal=True, return_stages=False, dropout_p=0.0
     q (B, H, Tq, D); k, v (B, Hkv, Tk, D) with H a multiple of Hkv (grouped-query
     attention: query head h uses key/value head h // (H/Hkv)). With causal=True,
     query i sits at position Tk - Tq + i and sees keys up to that position; a bool
-    mask (Tq, Tk), True where a query sees a key, replaces that rule. Dividing
+    mask (Tq, Tk), or (B, 1, Tq, Tk) with one per row, True where a query sees a key,
+    replaces that rule. Dividing
     by √d_k keeps the scores' variance near 1 so softmax does not saturate
     (Vaswani et al. 2017, section 3.2.1).
     """
@@ -258,10 +260,87 @@ class KVCache:
         return None
 
 
+class BatchKVCache(KVCache):
+    """A KVCache whose B rows are separate sequences of different lengths, for a server
+    that batches requests as they come and go (gptkit/serve/batch.py).
+
+    Row b's token at position p sits in column p of row b, so each row has its own
+    length, and the columns past it hold padding (another row's longer history, or
+    nothing yet) that no query of row b may see:
+
+        k[layer], v[layer]   (B, Hkv, max_length, D)
+        length               (B, 1) long: each row's tokens stored, its next token's position
+
+    `length` being a tensor is all the model needs: GPT._embed and
+    CausalSelfAttention.qkv take positions start + t from it per row, and
+    attention_mask hides every column at or past a row's next position + t."""
+
+    GROW = 64  # columns are allocated as the longest row needs them, this many at a time
+
+    def __init__(self, n_layer, max_length, batch_size, device=None):
+        super().__init__(n_layer, max_length)
+        self.length = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
+
+    def update(self, layer, k, v):
+        """Write k, v (B, Hkv, T, D) at each row's own next T columns; return keys and
+        values (B, Hkv, end, D) up to the longest row's end (the rest is never seen)."""
+        B, Hkv, T, D = k.shape
+        columns = self.length + torch.arange(T, device=k.device)  # (B, T): each row's positions
+        end = int(columns.max()) + 1
+        assert end <= self.max_length, f"cache holds {self.max_length} positions, asked for {end}"
+        if self.k[layer] is None or self.k[layer].size(2) < end:  # room for `end` columns
+            width = min(self.max_length, -(-end // self.GROW) * self.GROW)
+            self.k[layer] = widened(self.k[layer], k, width)
+            self.v[layer] = widened(self.v[layer], v, width)
+        index = columns[:, None, :, None].expand(B, Hkv, T, D)
+        self.k[layer].scatter_(2, index, k)
+        self.v[layer].scatter_(2, index, v)
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def attention_mask(self, T, device):
+        """(B, 1, T, end) bool, True where row b's new token t (at position length[b] + t)
+        sees a column: its own past and itself, never a later column (padding)."""
+        end = int(self.length.max()) + T
+        query_pos = self.length + torch.arange(T, device=device)  # (B, T)
+        key_pos = torch.arange(end, device=device)  # (end,)
+        return (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (B, 1, T, end)
+
+    def keep(self, rows):
+        """Keep only `rows` (indices, in that order): the rows of finished requests leave."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.length.device)
+        self.length = self.length[index]
+        for store in (self.k, self.v):
+            store[:] = [None if t is None else t[index] for t in store]
+
+    def append(self, other):
+        """Add the rows of `other`, a BatchKVCache (a new request's prompt, run alone),
+        after these; the narrower of the two gets zero columns (padding) to match."""
+        self.length = torch.cat((self.length, other.length))
+        for mine, theirs in ((self.k, other.k), (self.v, other.v)):
+            for layer, (a, b) in enumerate(zip(mine, theirs)):
+                if a is None or a.size(0) == 0:
+                    mine[layer] = b
+                else:
+                    width = max(a.size(2), b.size(2))
+                    mine[layer] = torch.cat((widened(a, a, width), widened(b, b, width)))
+
+
+def widened(t, like, width):
+    """t (B, Hkv, columns, D) with zero columns added up to `width` (t None: zeros shaped
+    as `like`)."""
+    if t is None:
+        B, Hkv, _, D = like.shape
+        return like.new_zeros(B, Hkv, width, D)
+    if t.size(2) >= width:
+        return t
+    return torch.cat((t, t.new_zeros(*t.shape[:2], width - t.size(2), t.size(3))), dim=2)
+
+
 def rows(table, start, T):
     """table[start : start + T]. A compiled decoding step passes start as a 0-d tensor
     (gptkit/compiled_decode.py), which torch.compile must not read as a Python int
-    (it would recompile for every position): then the rows are gathered by index."""
+    (it would recompile for every position): then the rows are gathered by index. A
+    BatchKVCache's start is (B, 1), one position per row: the rows are then (B, T, ...)."""
     if isinstance(start, int):
         return table[start : start + T]
     return table[start + torch.arange(T, device=table.device)]
@@ -303,6 +382,8 @@ class CausalSelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             cos, sin = rows(self.rope_cos, start, T), rows(self.rope_sin, start, T)
+            if cos.dim() == 3:  # one position per row (BatchKVCache): (B, 1, T, D/2) for the heads
+                cos, sin = cos[:, None], sin[:, None]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q, k, v
 

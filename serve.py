@@ -10,9 +10,10 @@ Which model: as sample.py (`--out_dir`'s best.pt or ckpt.pt, `--ckpt FILE`, a Lo
 run's folder, `--init_from gpt2` or a Hugging Face folder). A chat-trained model
 answers /v1/chat/completions with the template of gptkit/chat.py and exactly
 sample.py --chat's code (its replies at temperature 0 are the same); any model
-answers /v1/completions. One worker generates, one request at a time (queued, as
-measured in BENCHMARKS.md); up to --queue_size requests wait, one more is answered
-503 at once. Binds 127.0.0.1 unless --host says otherwise; with an API key (--api_key
+answers /v1/completions. One worker generates every request in one continuous
+batch: a request joins the running ones at the next token and leaves when done
+(up to --max_batch replies at once, model.py's forward with its BatchKVCache); up to
+--queue_size requests are taken at once, one more is answered 503 at once. Binds 127.0.0.1 unless --host says otherwise; with an API key (--api_key
 or $GPTKIT_API_KEY) every endpoint but /health and the page needs
 `Authorization: Bearer KEY`. Bodies must be JSON and the Host header the server's
 own (--require_json, --allowed_hosts: no web page elsewhere can drive it); a request
@@ -70,15 +71,18 @@ class ServeConfig:
     device: str = setting("auto", "auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps")
     dtype: str = setting("auto", "weights' dtype: auto (bfloat16 on CUDA when supported, else float32), float32, "
                          "bfloat16, float16, int8 (as sample.py)")
-    compile: bool = setting(False, "compile the one-token decoding step once, as sample.py --compile")
     cpu_decode: bool = setting(True, "on a CPU, faster products swapped into model.py's Linears "
                                "(gptkit/cpu_linears.py, as sample.py); false: nn.Linear as written")
+    max_batch: int = setting(16, "the most replies generated together, one token each per step (a request "
+                             "with n choices takes n); more wait in the queue")
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} must be between 0 and 65535")
         if not 1 <= self.queue_size <= MAX_QUEUE:
             raise ValueError(f"queue_size={self.queue_size} must be between 1 and {MAX_QUEUE}")
+        if not 1 <= self.max_batch <= MAX_QUEUE:
+            raise ValueError(f"max_batch={self.max_batch} must be between 1 and {MAX_QUEUE}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens} must be 1 or more")
         if self.max_body_bytes < 1024:

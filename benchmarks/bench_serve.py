@@ -9,16 +9,17 @@ checkpoint when there is one, else its shape with random weights) and GPT-2 124M
 shape (12x12x768, GPT-2 BPE and the turn tokens; random weights). Random weights have
 their turn tokens' rows zeroed, so greedy replies never end early and every stream
 generates --new_tokens. Each is served by serve.py in a subprocess (CPU, float32:
-sample.py's default NumPy step), then by llama-cpp-python's own OpenAI server on our
+model.py's forward, batched), then by llama-cpp-python's own OpenAI server on our
 `convert.py --to gguf` export of the same weights where llama-cpp-python[server] is
 installed and the architecture exports (the chat_arithmetic shape's ReLU² does not).
 For each concurrency, that many streaming /v1/chat/completions requests start at once
 (greedy, max_tokens --new_tokens); per request the seconds to its first content chunk
 (TTFT), and over the batch the generated tokens (the replies' usage) per wall second.
-serve.py queues requests (one worker, gptkit/serve/worker.py), so TTFT grows with the
-queue while the total rate stays one stream's; the rows "generate_stream, one batch of
-equal prompts" are the ceiling batching could reach (the same code on one batch of
-identical prompts, no server): the table shows what queueing costs.
+serve.py batches requests continuously (gptkit/serve/batch.py: every running reply
+advances one token a step, through model.py's forward and BatchKVCache), so the total
+rate grows with the streams; the rows "generate_stream, one batch of equal prompts"
+are sample.py's own step (NumPy on a CPU) on one batch of identical prompts, no server:
+a ceiling to compare with.
 Run it alone on the machine: other load changes every figure.
 """
 
@@ -189,7 +190,8 @@ def run(args):
          "tokens per reply"],
         note="Greedy replies through /v1/chat/completions with stream=true, all started at once; TTFT: the request "
              "sent to its first content chunk; tokens/s: the replies' completion tokens over the wall time of the "
-             "batch. serve.py queues (one worker); llama-cpp-python's server also runs one request at a time.",
+             "batch. serve.py batches the streams continuously; llama-cpp-python's server runs one request at "
+             "a time.",
     )
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as work:
         for label, ckpt, source in models(args, Path(work)):
@@ -218,8 +220,7 @@ def run(args):
 
 def batched_rate(ckpt, batch, new_tokens):
     """Tokens per second of `batch` equal prompts generated as one batch in this process
-    (greedy, sample.py's CPU parts): what serving in batches could reach at best; different
-    prompts would also need padding and masks that model.py's cache does not have."""
+    (greedy, sample.py's CPU parts, no server): a ceiling for serving in batches."""
     import torch
 
     from gptkit import loading

@@ -62,20 +62,28 @@ class Session:
         return ids
 
 
-def reply(session, text, cfg, device, on_text=None, turn=0, decoder=None, info=None):
-    """The model's answer to the user's `text` (streamed to on_text); both join the history.
-    cfg.stop, when set, ends the reply before that string (sample.py --chat leaves it
-    unset; serve.py passes a request's); decoder and info go to generate_samples."""
+def reply_prompt(session, text, max_new_tokens):
+    """(prompt ids, stop tokens) of the model's answer to the user's `text`, which joins
+    the history; the oldest turns are dropped to leave room for min(max_new_tokens,
+    block_size / 2) new tokens. serve.py's batches start each chat reply from here."""
     session.tokenizer.encode(text)  # unknown characters: a UserError before the history changes
     session.history.append({"role": "user", "content": text})
     block = session.model.config.block_size
-    room = max(1, min(cfg.max_new_tokens, block // 2))
+    room = max(1, min(max_new_tokens, block // 2))
     try:
         ids = session.prompt(room)
     except UserError:
         session.history.pop()
         raise
     stops = [*session.ids.values()] + ([session.tokenizer.eot_id] if session.tokenizer.eot_id is not None else [])
+    return ids, stops
+
+
+def reply(session, text, cfg, device, on_text=None, turn=0, decoder=None, info=None):
+    """The model's answer to the user's `text` (streamed to on_text); both join the history.
+    cfg.stop, when set, ends the reply before that string; decoder and info go to
+    generate_samples."""
+    ids, stops = reply_prompt(session, text, cfg.max_new_tokens)
     settings = dataclasses.replace(cfg, num_samples=1, seed=cfg.seed + turn)
     (answer,) = generate_samples(session.model, session.tokenizer, ids, settings, device, on_text=on_text,
                                  stop_tokens=stops, decoder=decoder, info=info)

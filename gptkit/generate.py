@@ -53,11 +53,13 @@ class TextStream:
 
     BPE may split one character's UTF-8 bytes across tokens; decoding them alone
     prints U+FFFD, so tokens wait in `pending` until they decode to whole
-    characters. The text ends before the first occurrence of `stop`, or at one of
-    `stop_tokens` (default: the tokenizer's end of text, if it has one)."""
+    characters. The text ends before the first occurrence of `stop` (a string, or a
+    list of them: the earliest found), or at one of `stop_tokens` (default: the
+    tokenizer's end of text, if it has one)."""
 
     def __init__(self, tokenizer, stop=None, stop_tokens=None):
-        self.tokenizer, self.stop = tokenizer, stop
+        self.tokenizer = tokenizer
+        self.stops = [stop] if isinstance(stop, str) else list(stop or [])
         self.stop_tokens = set(end_of_text(tokenizer) if stop_tokens is None else stop_tokens)
         self.pending = []  # tokens not yet turned into text
         self.text = ""
@@ -85,12 +87,12 @@ class TextStream:
         self._append(piece)
 
     def _append(self, piece):
-        search_from = max(0, len(self.text) - len(self.stop) + 1) if self.stop else 0
+        before = len(self.text)
         self.text += piece
-        if self.stop:
-            found = self.text.find(self.stop, search_from)
-            if found >= 0:
-                self.text, self.stopped = self.text[:found], True
+        found = [f for stop in self.stops
+                 if (f := self.text.find(stop, max(0, before - len(stop) + 1))) >= 0]
+        if found:
+            self.text, self.stopped = self.text[:min(found)], True
 
     def _flush(self):
         if self.pending and not self.stopped:
@@ -104,8 +106,8 @@ class TextStream:
     def take_new(self):
         """The text not handed out yet, minus a tail that may begin the stop string."""
         end = len(self.text)
-        if self.stop and not (self.stopped or self.closed):
-            end -= held_back(self.text, self.stop)
+        if self.stops and not (self.stopped or self.closed):
+            end -= max(held_back(self.text, stop) for stop in self.stops)
         new, self.shown = self.text[self.shown:end], max(self.shown, end)
         return new
 

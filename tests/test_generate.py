@@ -157,3 +157,20 @@ def test_a_chat_models_turn_tokens_are_written_as_their_markers_without_chat(kin
     for i in [*tok.encode("ab"), v + 3, v + 1, *tok.encode("c")]:
         stop.push(i)
     assert stop.stopped and stop.text == "ab<|end|>"
+
+
+def test_text_stream_ends_before_the_earliest_of_several_stop_strings():
+    tok = CharTokenizer(CHARS)
+    stream = generate.TextStream(tok, stop=("cd", "ab", "zz"))
+    shown = ""
+    for ch in "xyzcab":
+        stream.push(tok.encode(ch)[0])
+        shown += stream.take_new()
+        if ch == "z":
+            assert shown == "xy"  # "z" may begin "zz": held back
+        if ch == "c":
+            assert shown == "xyz"  # "c" may begin "cd": held back; "z" no longer can
+    assert stream.stopped and stream.text == "xyzc" and shown == "xyzc"
+    stream = generate.TextStream(tok, stop=["b", "a"])
+    stream._append("xab")  # one piece holding both (a BPE token may): the first in the text wins
+    assert stream.stopped and stream.text == "x"

@@ -118,13 +118,23 @@ MALFORMED = [  # (body or raw bytes, path, status, what the message says, param)
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -3}, "chat", 400, "max_tokens", "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, "chat", 400, "stream", "stream"),
     ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}, "chat", 404, "does not exist", "model"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 3}, "chat", 400, "n must be 1", "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "chat", 400, "n must be between 1 and 16", "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "chat", 400,
+     "the field 'tools' is not supported", "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, "chat", 400,
+     "the field 'response_format' is not supported", "response_format"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, "chat", 400, "needs logprobs",
+     "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, "chat", 400,
+     "top_logprobs must be between 0 and 20", "top_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "x"}]}, "chat", 400,
      "only the first", "messages[1].role"),
     ({"messages": [{"role": "user", "content": "HI"}]}, "chat", 400, "outside this model's character vocabulary", None),
     ({"messages": [{"role": "user", "content": "a" * 70}]}, "chat", 400, "more than the model's context", None),
     ({"prompt": 12}, "completions", 400, "prompt must be", "prompt"),
-    ({"prompt": "hi", "stop": ["a", "b"]}, "completions", 400, "one stop string", "stop"),
+    ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "completions", 400, "list of up to 4", "stop"),
+    ({"prompt": "hi", "stop": ["a", ""]}, "completions", 400, "non-empty string", "stop"),
+    ({"prompt": "hi", "logprobs": 6}, "completions", 400, "logprobs must be between 0 and 5", "logprobs"),
     (b"{" + b"\"x\": 1, " * 200_000 + b"}", "completions", 413, "over the limit of 1,000,000 bytes", None),
 ]
 
@@ -201,6 +211,17 @@ def test_a_client_that_leaves_mid_stream_frees_its_place_at_once(slow):
     assert post(slow.url + "/v1/completions", {"prompt": "b", "max_tokens": 1}, headers)[0] == 200
 
 
+def test_a_place_is_free_again_when_the_reply_ends(slow):
+    """With --queue_size=1, one client's back-to-back requests never meet a 503 from its own
+    last request: the place is given back before the reply's last byte is sent."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    for _ in range(25):
+        status, reply = post(slow.url + "/v1/completions", {"prompt": "b", "max_tokens": 1}, headers)
+        assert status == 200, reply
+        r = post_stream(slow.url + "/v1/completions", {"prompt": "b", "max_tokens": 1, "stream": True}, headers)
+        assert r.read().rstrip().endswith(b"data: [DONE]")
+
+
 def test_the_key_is_required_when_set_and_a_plain_model_has_no_chat(slow):
     assert get(slow.url + "/v1/models")[0] == 401
     status, reply = post(slow.url + "/v1/completions", {"prompt": "b", "max_tokens": 1},
@@ -244,3 +265,112 @@ def test_a_reachable_server_without_a_key_warns_in_one_line():
     assert exposure_warning("0.0.0.0", "k") is None
     line = exposure_warning("0.0.0.0", None)
     assert line.startswith("warning: serving on 0.0.0.0 without an API key") and "\n" not in line
+
+
+def test_sixteen_openai_clients_of_mixed_lengths_get_their_replies_alone(server):
+    """Temperature 0, prompts of 1 to 40 characters, max_tokens 3 to 40, streamed and not,
+    chat and completions: every reply served in one batch equals the same request alone."""
+    c = client(server)
+
+    def ask(i):
+        words = ("the cat sat on the mat and ran away " * 2)[: 1 + (i * 7) % 40]
+        options = dict(model="tiny-chat", temperature=0, max_tokens=3 + (i * 11) % 38, stop=["zq", "xx"])
+        if i % 2:
+            if i % 4 == 1:
+                return chat(server, [{"role": "user", "content": words}], max_tokens=options["max_tokens"],
+                            stop=["zq", "xx"]).choices[0].message.content
+            return "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+                messages=[{"role": "user", "content": words}], stream=True, **options) if ch.choices)
+        if i % 4 == 0:
+            return c.completions.create(prompt=words, **options).choices[0].text
+        return "".join(ch.choices[0].text for ch in c.completions.create(prompt=words, stream=True, **options)
+                       if ch.choices)
+
+    alone = [ask(i) for i in range(16)]
+    assert len(set(alone)) >= 12
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        together = list(pool.map(ask, range(16)))
+    assert together == alone
+
+
+def test_n_logprobs_stop_lists_and_seeds_through_the_openai_client(server):
+    c = client(server)
+    messages = [{"role": "user", "content": "tell me a story"}]
+    many = c.chat.completions.create(model="tiny-chat", messages=messages, n=3, temperature=1, seed=40,
+                                     max_tokens=15, logprobs=True, top_logprobs=2)
+    assert [ch.index for ch in many.choices] == [0, 1, 2]
+    for i, choice in enumerate(many.choices):  # choice i: the reply seed + i gives alone
+        one = c.chat.completions.create(model="tiny-chat", messages=messages, temperature=1, seed=40 + i,
+                                        max_tokens=15)
+        assert choice.message.content == one.choices[0].message.content
+        content = choice.logprobs.content
+        assert "".join(t.token for t in content) == choice.message.content
+        for t in content:
+            assert len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+            assert t.logprob <= t.top_logprobs[0].logprob + 1e-6 and t.bytes == list(t.token.encode())
+    assert many.usage.completion_tokens == sum(len(ch.logprobs.content) + (ch.finish_reason == "stop")
+                                               for ch in many.choices)
+    full = c.completions.create(model="tiny-chat", prompt="the dog", max_tokens=30, temperature=0, logprobs=3)
+    text, lp = full.choices[0].text, full.choices[0].logprobs
+    assert "".join(lp.tokens) == text and len(lp.token_logprobs) == len(lp.top_logprobs) == len(text)
+    assert lp.text_offset == list(range(len(text))) and all(len(top) == 3 for top in lp.top_logprobs)
+    assert all(p == max(top.values()) for p, top in zip(lp.token_logprobs, lp.top_logprobs))  # greedy: the best
+    a, b = text[8:10], text[4:6]
+    cut = c.completions.create(model="tiny-chat", prompt="the dog", max_tokens=30, temperature=0, stop=[a, b])
+    assert cut.choices[0].text == text[: min(text.index(a), text.index(b))]
+    assert cut.choices[0].finish_reason == "stop"
+    streamed = [ch for ch in c.completions.create(model="tiny-chat", prompt="the dog", max_tokens=30, temperature=0,
+                                                  stream=True, n=2, logprobs=1) if ch.choices]
+    for i in range(2):
+        mine = [ch.choices[0] for ch in streamed if ch.choices[0].index == i]
+        assert "".join(ch.text for ch in mine) == text
+        assert [t for ch in mine if ch.logprobs for t in ch.logprobs.tokens] == lp.tokens
+    with pytest.raises(openai.BadRequestError, match="'tools' is not supported") as e:
+        c.chat.completions.create(model="tiny-chat", messages=messages, tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}])
+    assert e.value.body["param"] == "tools" and e.value.body["code"] == "unsupported_parameter"
+
+
+@pytest.fixture(scope="module")
+def queued(checkpoints):
+    """The plain model at 40 ms a token, one reply generating at a time, one more waiting."""
+    s = Server(f"--ckpt={checkpoints[1]}", "--queue_size=2", "--max_batch=1",
+               env={"GPT_FAULTS": "token_delay=0.04"})
+    yield s
+    s.stop()
+
+
+def raw_request(port, body):
+    """A socket that has sent a POST to /v1/completions and reads nothing."""
+    data = json.dumps(body)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n{data}".encode())
+    return sock
+
+
+def wait_busy(server, busy, within):
+    """Seconds until /health says `busy` requests are admitted (AssertionError past `within`)."""
+    t0 = time.monotonic()
+    while get(server.url + "/health")[1]["busy"] != busy:
+        assert time.monotonic() - t0 < within, f"still not {busy} busy after {within} s"
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def test_clients_that_leave_waiting_or_running_without_streaming_free_their_place_at_once(queued):
+    running = raw_request(queued.port, {"prompt": "abc", "max_tokens": 200, "temperature": 0})
+    wait_busy(queued, 1, 5)
+    waiting = raw_request(queued.port, {"prompt": "abc", "max_tokens": 200, "temperature": 0})
+    wait_busy(queued, 2, 5)
+    assert post(queued.url + "/v1/completions", {"prompt": "b", "max_tokens": 1})[0] == 503  # both places taken
+    waiting.close()  # it waits for the one row: its place is free the moment it leaves
+    assert wait_busy(queued, 1, 2) < 0.5
+    time.sleep(0.3)
+    running.close()  # 200 tokens at 40 ms: 8 s more if it were not noticed
+    assert wait_busy(queued, 0, 2) < 0.5
+    assert post(queued.url + "/v1/completions", {"prompt": "b", "max_tokens": 2})[0] == 200
+    status, reply = post(queued.url + "/v1/completions", {"prompt": "b", "max_tokens": 2, "n": 2})
+    assert status == 400 and "--max_batch" in reply["error"]["message"] and reply["error"]["param"] == "n"
+
+

@@ -83,3 +83,73 @@ def test_two_turns_on_the_page_stream_in_and_equal_the_api(browser, server):
     full = api_reply(server, messages + [{"role": "user", "content": "stop soon"}])
     assert full.startswith(cut) and len(cut) < len(full.strip())
     assert browser.find_element(By.ID, "send").is_enabled() and not browser.find_elements(By.CSS_SELECTOR, ".error")
+
+
+def api_usage(server, messages):
+    status, reply = post(server.url + "/v1/chat/completions",
+                         {"messages": messages, "temperature": 0, "max_tokens": 16})
+    assert status == 200, reply
+    return reply["choices"][0]["message"]["content"], reply["usage"]
+
+
+def test_history_survives_a_reload_replies_regenerate_and_edits_resend(browser, server):
+    """After the first test's three turns: a reload shows them again (localStorage), New
+    chat clears them for good; a reply shows its token counts; Regenerate replaces the last
+    reply; Edit on a user message resends the conversation up to it with the new text."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 30, poll_frequency=0.05)
+
+    def texts(selector):
+        return [e.text for e in browser.find_elements(By.CSS_SELECTOR, selector)]
+
+    def settle(turns):
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, ".assistant[data-done]")) == turns
+                   and not b.find_elements(By.CSS_SELECTOR, "[data-streaming]")
+                   and b.find_element(By.ID, "send").is_enabled())
+
+    before = texts(".user"), texts(".assistant")
+    browser.refresh()
+    wait.until(lambda b: server.name in b.find_element(By.ID, "status").text)
+    assert (texts(".user"), texts(".assistant")) == before and len(before[0]) == 3
+    browser.find_element(By.ID, "clear").click()
+    browser.refresh()
+    wait.until(lambda b: server.name in b.find_element(By.ID, "status").text)
+    assert texts(".msg") == []  # cleared, and still cleared after a reload
+    browser.execute_script("document.querySelector('details').open = true")
+    browser.find_element(By.ID, "temperature").clear()
+    browser.find_element(By.ID, "temperature").send_keys("0")
+    browser.find_element(By.ID, "max_tokens").send_keys("16")
+    browser.find_element(By.ID, "input").send_keys("hello there", Keys.ENTER)
+    settle(1)
+    first, usage = api_usage(server, [{"role": "user", "content": "hello there"}])
+    assert texts(".assistant") == [first.strip()]
+    (stats,) = texts(".stats")
+    assert stats.startswith(f"{usage['prompt_tokens']} prompt tokens · {usage['completion_tokens']} reply tokens · ")
+    assert float(stats.split(" · ")[2].split()[0]) > 0  # tokens/s
+    browser.find_element(By.ID, "temperature").clear()
+    browser.find_element(By.ID, "temperature").send_keys("1.5")  # regenerated at another temperature: it differs
+    browser.find_element(By.CSS_SELECTOR, ".regenerate").click()
+    settle(1)
+    assert texts(".user") == ["hello there"] and len(texts(".assistant")) == 1
+    regenerated = texts(".assistant")[0]
+    assert regenerated != first.strip()
+    browser.find_element(By.ID, "temperature").clear()
+    browser.find_element(By.ID, "temperature").send_keys("0")
+    browser.find_element(By.ID, "input").send_keys("and then", Keys.ENTER)
+    settle(2)
+    assert texts(".user") == ["hello there", "and then"]
+    browser.find_elements(By.CSS_SELECTOR, ".edit")[0].click()  # the first message, edited and sent again
+    editor = browser.find_element(By.CSS_SELECTOR, ".editor")
+    editor.clear()
+    editor.send_keys("what is new")
+    browser.find_element(By.CSS_SELECTOR, ".resend").click()
+    settle(1)
+    edited, _ = api_usage(server, [{"role": "user", "content": "what is new"}])
+    assert texts(".user") == ["what is new"] and texts(".assistant") == [edited.strip()]
+    browser.refresh()
+    wait.until(lambda b: server.name in b.find_element(By.ID, "status").text)
+    assert texts(".user") == ["what is new"] and texts(".assistant") == [edited.strip()]
+    assert not browser.find_elements(By.CSS_SELECTOR, ".error")

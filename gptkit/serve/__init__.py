@@ -4,8 +4,8 @@
     GPTKIT_API_KEY=secret python serve.py --out_dir out-chat --host 0.0.0.0
 
 The parts: `api.py` (requests checked, errors and replies in OpenAI's shapes),
-`worker.py` (the one thread that owns the model and generates, one request at a
-time, with sample.py's code), `app.py` (the Starlette routes and the uvicorn server),
+`worker.py` (the one thread that owns the model: the queue, places and cancelling),
+`batch.py` (continuous batching: every request's rows advance one token a step), `app.py` (the Starlette routes and the uvicorn server),
 `page.html` (the chat page, plain HTML and JavaScript), `server.py` (the set-up
 serve.py calls: socket, key, worker, app). docs/serve.md is the manual.
 """

@@ -10,7 +10,11 @@ What we do beyond or short of OpenAI, said once here (docs/serve.md says it for 
   refused; absent, it is the cap (/v1/completions: 16, as OpenAI). The reply's
   "gptkit" object gives the max_tokens used and how many of the oldest messages
   were dropped to fit the context (as sample.py --chat drops them).
-- One `stop` string (a list of one is taken too); n must be 1; no logprobs, tools.
+- `stop` is a string or a list of up to 4; `n` choices (up to MAX_N) are n rows of the batch,
+  choice i sampled with seed + i (so each equals a request with that seed alone);
+  `logprobs` are the model's own log_softmax, before temperature and filters.
+- Fields that would change the reply's meaning and that we cannot honour (tools,
+  response_format other than text, ...) are refused naming the field (UNSUPPORTED).
 - top_k, min_p and repetition_penalty are taken as extensions (llama.cpp's servers take them).
 - Fields we do not know are ignored (clients send many); a known field of the wrong type is an error.
 - Every number's kind and range is in NUMBERS (one table); an integer of over MAX_DIGITS
@@ -54,7 +58,7 @@ class Sampling:
     top_p: float | None
     min_p: float | None
     repetition_penalty: float
-    stop: str | None
+    stop: tuple | None  # stop strings: the reply ends before the first one found
     seed: int
     compile: bool
     cpu_decode: bool
@@ -173,13 +177,6 @@ def check_common(body, model_name, max_tokens_cap, default_max_tokens, serve_cfg
     if model != model_name:
         raise ApiError(404, f"the model {model!r}"[:200] + f" does not exist here: this server serves {model_name!r} "
                        "(GET /v1/models)", param="model", code="model_not_found")
-    if field(body, "n", is_int, "an integer", 1) != 1:
-        raise ApiError(400, "n must be 1: one reply per request", param="n")
-    for name in ("logprobs", "echo"):
-        if field(body, name, lambda v: isinstance(v, (bool, int)), "a boolean", False):
-            raise ApiError(400, f"{name} is not supported by this server", param=name)
-    if field(body, "tools", lambda v: isinstance(v, list), "a list", []):
-        raise ApiError(400, "tools are not supported by this server", param="tools")
     max_tokens = number(body, "max_completion_tokens")
     max_tokens = number(body, "max_tokens", max_tokens)
     asked = default_max_tokens if max_tokens is None else max_tokens
@@ -191,13 +188,7 @@ def check_common(body, model_name, max_tokens_cap, default_max_tokens, serve_cfg
     penalty = number(body, "repetition_penalty", 1.0)
     seed = number(body, "seed")
     seed = secrets.randbelow(2**62) if seed is None else seed
-    stop = field(body, "stop", lambda v: isinstance(v, (str, list)), "a string or a list of strings", None)
-    if isinstance(stop, list):
-        if len(stop) > 1 or not all(isinstance(s, str) for s in stop):
-            raise ApiError(400, "stop: this server takes one stop string (or a list of one)", param="stop")
-        stop = stop[0] if stop else None
-    if stop == "":
-        raise ApiError(400, "stop must not be empty", param="stop")
+    stop = check_stop(body)
     try:
         check_sampling_options(temperature, top_k, top_p, min_p, penalty)
     except ValueError as e:
@@ -209,7 +200,7 @@ def check_common(body, model_name, max_tokens_cap, default_max_tokens, serve_cfg
         raise ApiError(400, "stream_options.include_usage must be true or false", param="stream_options")
     sampling = Sampling(max_new_tokens=used, temperature=float(temperature), top_k=top_k or None,
                         top_p=None if top_p is None else float(top_p), min_p=None if min_p is None else float(min_p),
-                        repetition_penalty=float(penalty), stop=stop, seed=seed, compile=serve_cfg.compile,
+                        repetition_penalty=float(penalty), stop=stop, seed=seed, compile=False,
                         cpu_decode=serve_cfg.cpu_decode, dtype=serve_cfg.dtype)
     extras = {"max_tokens": used, "max_tokens_capped": used < asked}
     return sampling, stream, include_usage, extras
@@ -233,25 +224,98 @@ def usage(prompt_tokens, completion_tokens):
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def chat_reply(rid, model, text, start, done, extras):
+def chat_reply(rid, model, texts, start, done, extras, logprobs):
+    """The reply of a chat request: texts[i] and logprobs[i] (an object or None) of choice i."""
+    choices = [{"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": c["finish_reason"],
+                "logprobs": lp} for i, (text, c, lp) in enumerate(zip(texts, done["choices"], logprobs))]
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": done["finish_reason"], "logprobs": None}],
-            "usage": usage(start["prompt_tokens"], done["completion_tokens"]),
+            "choices": choices, "usage": usage(start["prompt_tokens"], done["completion_tokens"]),
             "gptkit": {**extras, "dropped_messages": start["dropped_messages"]}}
 
 
-def completion_reply(rid, model, text, start, done, extras):
+def completion_reply(rid, model, texts, start, done, extras, logprobs):
+    choices = [{"index": i, "text": text, "finish_reason": c["finish_reason"], "logprobs": lp}
+               for i, (text, c, lp) in enumerate(zip(texts, done["choices"], logprobs))]
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": done["finish_reason"], "logprobs": None}],
-            "usage": usage(start["prompt_tokens"], done["completion_tokens"]), "gptkit": extras}
+            "choices": choices, "usage": usage(start["prompt_tokens"], done["completion_tokens"]), "gptkit": extras}
 
 
-def chat_chunk(rid, model, delta, finish_reason=None, **more):
+def chat_chunk(rid, model, delta, finish_reason=None, index=0, logprobs=None, **more):
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}], **more}
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}],
+            **more}
 
 
-def completion_chunk(rid, model, text, finish_reason=None, **more):
+def completion_chunk(rid, model, text, finish_reason=None, index=0, logprobs=None, **more):
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}], **more}
+            "choices": [{"index": index, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}],
+            **more}
+
+
+# --- the fields that choose how many replies and what comes with them (check_choices) ---
+
+MAX_STOPS = 4  # OpenAI's limit
+MAX_N = 16
+MAX_TOP_LOGPROBS = {"chat": 20, "text": 5}  # OpenAI's limits: top_logprobs (chat), logprobs (completions)
+# Present and not one of these harmless values: refused, naming the field.
+UNSUPPORTED = {"tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
+               "response_format": ({"type": "text"},), "echo": (False,), "suffix": ("",), "logit_bias": ({},),
+               "best_of": (1,)}
+
+
+def check_stop(body):
+    """`stop` as a tuple of non-empty strings (a string, or a list of up to MAX_STOPS), or None."""
+    stop = field(body, "stop", lambda v: isinstance(v, (str, list)), "a string or a list of strings", None)
+    stops = [stop] if isinstance(stop, str) else stop or []
+    if len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
+        raise ApiError(400, f"stop must be a non-empty string or a list of up to {MAX_STOPS} of them", param="stop")
+    return tuple(stops) or None
+
+
+def check_choices(body, kind):
+    """(n, top_logprobs) of a request: how many choices, and None (no log-probabilities) or
+    how many of the most likely tokens come with each chosen one. `kind` is "chat" (logprobs
+    true/false and top_logprobs) or "text" (/v1/completions: logprobs is that number)."""
+    for name, allowed in UNSUPPORTED.items():
+        value = body.get(name)
+        if value is not None and value not in allowed:
+            raise ApiError(400, f"the field {name!r} is not supported by this server", param=name,
+                           code="unsupported_parameter")
+    n = field(body, "n", is_int, "an integer", 1)
+    if not 1 <= n <= MAX_N:
+        raise ApiError(400, f"n must be between 1 and {MAX_N}, not {n}", param="n")
+    most = MAX_TOP_LOGPROBS[kind]
+    if kind == "chat":
+        wanted = field(body, "logprobs", lambda v: isinstance(v, bool), "true or false", False)
+        top = field(body, "top_logprobs", is_int, "an integer", None)
+        if top is not None and not wanted:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        name = "top_logprobs"
+        top = (top or 0) if wanted else None
+    else:
+        top = field(body, "logprobs", is_int, "an integer", None)
+        name = "logprobs"
+    if top is not None and not 0 <= top <= most:
+        raise ApiError(400, f"{name} must be between 0 and {most}, not {top}", param=name)
+    return n, top
+
+
+def token_bytes(text):
+    return list(text.encode("utf-8"))
+
+
+def chat_logprobs(entries):
+    """OpenAI's chat `logprobs` object of [(token text, logprob, [(text, logprob)...])...]."""
+    return {"content": [{"token": t, "logprob": p, "bytes": token_bytes(t),
+                         "top_logprobs": [{"token": a, "logprob": b, "bytes": token_bytes(a)} for a, b in top]}
+                        for t, p, top in entries]}
+
+
+def completion_logprobs(entries, offset=0):
+    """OpenAI's completions `logprobs` object; text_offset counts from `offset` characters."""
+    offsets = []
+    for t, _, _ in entries:
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": [t for t, _, _ in entries], "token_logprobs": [p for _, p, _ in entries],
+            "top_logprobs": [dict(top) for _, _, top in entries], "text_offset": offsets}

@@ -8,8 +8,9 @@ the uvicorn server that runs it until SIGINT or SIGTERM.
     POST /v1/completions        any model: a plain continuation of `prompt`
 
 Streams are server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
-Each request waits for the generation worker (gptkit/serve/worker.py); the event
-loop only reads requests and writes what the worker makes.
+Each request joins the generation worker's batch (gptkit/serve/worker.py); the event
+loop only reads requests, writes what the worker makes, and tells the worker at once
+when a client leaves (watch_disconnect).
 """
 
 import asyncio
@@ -33,7 +34,6 @@ from gptkit.serve.guard import LISTEN_BACKLOG, HostGuard, QuietAcceptErrors, con
 from gptkit.serve.worker import Job, Overloaded
 
 PAGE = Path(__file__).resolve().parent / "page.html"
-DISCONNECT_POLL_S = 0.2  # how often a request waiting for its turn checks that its client is still there
 KEEP_ALIVE_S = 5  # an idle connection kept open after a reply is closed after this long (uvicorn's default)
 
 
@@ -94,7 +94,8 @@ def worker_error(value):
 
 
 class Events:
-    """One job's events, handed from the worker thread to this request's task."""
+    """One job's events, handed from the worker thread to this request's task. Every
+    job ends with a "done" or an "error" event, also when its client left."""
 
     def __init__(self, loop):
         self.loop, self.queue = loop, asyncio.Queue()
@@ -105,35 +106,32 @@ class Events:
         except RuntimeError:
             pass  # the loop has closed: the server is gone, nobody is listening
 
-    async def next(self, request, job):
-        """The next event; None (and the job cancelled) once the client has left."""
-        getter = asyncio.ensure_future(self.queue.get())
+    async def next(self):
+        return await self.queue.get()
+
+
+def watch_disconnect(request, job):
+    """A task that cancels `job` the moment the client's connection closes, whether the
+    job waits for its turn or generates, streaming or not (the body is read by then, so
+    the next ASGI message is the disconnect)."""
+    async def watch():
         while True:
-            done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return getter.result()
-            if await request.is_disconnected():
-                getter.cancel()
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
                 job.cancel()
-                return None
+                return
+
+    return asyncio.ensure_future(watch())
 
 
 class EventStream:
     """A server-sent events response written from a job's events. A send that fails
-    (the client left) or an http.disconnect cancels the job at once."""
+    (the client left) cancels the job at once, as the disconnect watcher does."""
 
-    def __init__(self, chunks, job):
-        self.chunks, self.job = chunks, job
+    def __init__(self, chunks, job, watcher):
+        self.chunks, self.job, self.watcher = chunks, job, watcher
 
     async def __call__(self, scope, receive, send):
-        async def watch():
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    self.job.cancel()
-                    return
-
-        watcher = asyncio.ensure_future(watch())
         try:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
@@ -146,7 +144,7 @@ class EventStream:
             pass  # the client left mid-stream
         finally:
             self.job.cancel()
-            watcher.cancel()
+            self.watcher.cancel()
 
 
 def build_app(state):
@@ -185,7 +183,9 @@ def build_app(state):
                            "or fine-tune it on a chat dataset first (docs/chat.md)", param="model",
                            code="not_a_chat_model")
         messages = api.check_messages(body.get("messages"))
-        return await answer(request, Job(sampling, None, messages=messages), "chat", stream, include_usage, extras)
+        n, top = api.check_choices(body, "chat")
+        job = Job(sampling, None, messages=messages, n=n, top_logprobs=top)
+        return await answer(request, job, "chat", stream, include_usage, extras)
 
     async def completions(request):
         authorize(request)
@@ -193,6 +193,7 @@ def build_app(state):
         sampling, stream, include_usage, extras = api.check_common(
             body, state.model_name, state.max_tokens, api.COMPLETIONS_DEFAULT_MAX_TOKENS, cfg)
         prompt = api.check_prompt(body)
+        n, top = api.check_choices(body, "text")
         from gptkit.errors import UserError
 
         try:
@@ -204,67 +205,93 @@ def build_app(state):
                 raise ApiError(400, "the prompt is empty, and this model has no end-of-text token to start from",
                                param="prompt")
             ids = [state.tokenizer.eot_id]
-        return await answer(request, Job(sampling, None, prompt=ids), "text", stream, include_usage, extras)
+        job = Job(sampling, None, prompt=ids, n=n, top_logprobs=top)
+        return await answer(request, job, "text", stream, include_usage, extras)
 
     async def answer(request, job, kind, stream, include_usage, extras):
+        if job.n > state.worker.max_batch:
+            raise ApiError(400, f"n={job.n} is more than the {state.worker.max_batch} replies this server generates "
+                           "at once (--max_batch)", param="n")
         events = Events(asyncio.get_running_loop())
         job.emit = events.emit
         try:
             state.worker.submit(job)
         except Overloaded as e:
             raise ApiError(503, str(e), type="server_error", code="server_overloaded")
-        first = await events.next(request, job)
-        if first is None:  # the client left while waiting
-            return JSONResponse({}, status_code=499)
+        watcher = watch_disconnect(request, job)
+        try:
+            first = await events.next()
+        except BaseException:
+            job.cancel()
+            watcher.cancel()
+            raise
         if first[0] == "error":
+            watcher.cancel()
             raise worker_error(first[1])
         start = first[1]
         rid = api.new_id("chatcmpl" if kind == "chat" else "cmpl")
         name = state.model_name
+        chat = kind == "chat"
         if not stream:
-            pieces = []
-            while True:
-                event = await events.next(request, job)
-                if event is None:
-                    return JSONResponse({}, status_code=499)
-                what, value = event
-                if what == "text":
-                    pieces.append(value)
-                elif what == "error":
-                    raise worker_error(value)
-                else:
-                    make = api.chat_reply if kind == "chat" else api.completion_reply
-                    return JSONResponse(make(rid, name, "".join(pieces), start, value, extras))
+            try:
+                return await whole_reply(events, rid, name, chat, start, extras, job)
+            finally:
+                job.cancel()  # a no-op once it is done; a handler cut by an error must not leave it running
+                watcher.cancel()
 
         async def chunks():
             gptkit = {**extras, "dropped_messages": start["dropped_messages"]}
-            if kind == "chat":
-                yield api.chat_chunk(rid, name, {"role": "assistant", "content": ""}, gptkit=gptkit)
-            else:
-                yield api.completion_chunk(rid, name, "", gptkit=gptkit)
+            for index in range(job.n):
+                yield api.chat_chunk(rid, name, {"role": "assistant", "content": ""}, index=index, gptkit=gptkit) \
+                    if chat else api.completion_chunk(rid, name, "", index=index, gptkit=gptkit)
+            offsets = [0] * job.n
             while True:
-                event = await events.next(request, job)
-                if event is None:
-                    return
-                what, value = event
+                what, value = await events.next()
                 if what == "text":
-                    yield api.chat_chunk(rid, name, {"content": value}) if kind == "chat" \
-                        else api.completion_chunk(rid, name, value)
+                    i, text, entries = value["index"], value["text"], value["logprobs"]
+                    if chat:
+                        yield api.chat_chunk(rid, name, {"content": text}, index=i,
+                                             logprobs=entries and api.chat_logprobs(entries))
+                    else:
+                        yield api.completion_chunk(rid, name, text, index=i,
+                                                   logprobs=entries and api.completion_logprobs(entries, offsets[i]))
+                        offsets[i] += sum(len(t) for t, _, _ in entries or ())
                 elif what == "error":
                     yield worker_error(value).body()
                     break
                 else:
                     more = {"usage": None} if include_usage else {}
-                    yield api.chat_chunk(rid, name, {}, value["finish_reason"], **more) if kind == "chat" \
-                        else api.completion_chunk(rid, name, "", value["finish_reason"], **more)
+                    for i, choice in enumerate(value["choices"]):
+                        reason = choice["finish_reason"]
+                        yield api.chat_chunk(rid, name, {}, reason, index=i, **more) if chat \
+                            else api.completion_chunk(rid, name, "", reason, index=i, **more)
                     if include_usage:
-                        yield {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+                        yield {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                                "created": 0, "model": name, "choices": [],
                                "usage": api.usage(start["prompt_tokens"], value["completion_tokens"])}
                     break
             yield "[DONE]"
 
-        return EventStream(chunks(), job)
+        return EventStream(chunks(), job, watcher)
+
+    async def whole_reply(events, rid, name, chat, start, extras, job):
+        """The JSON reply of a request that does not stream, once its last choice is done."""
+        texts, entries = [[] for _ in range(job.n)], [[] for _ in range(job.n)]
+        while True:
+            what, value = await events.next()
+            if what == "text":
+                texts[value["index"]].append(value["text"])
+                entries[value["index"]] += value["logprobs"] or []
+            elif what == "error":
+                raise worker_error(value)
+            else:
+                break
+        texts = ["".join(t) for t in texts]
+        logprobs = [None] * job.n
+        if job.top_logprobs is not None:
+            logprobs = [api.chat_logprobs(e) if chat else api.completion_logprobs(e) for e in entries]
+        make = api.chat_reply if chat else api.completion_reply
+        return JSONResponse(make(rid, name, texts, start, value, extras, logprobs))
 
     async def on_api_error(request, e):
         return api_error_response(e)

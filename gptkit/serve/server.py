@@ -85,7 +85,7 @@ def api_key(cfg):
 
 def serve(model, tokenizer, summary, cfg, device, model_name, sock):
     """Run the server on the listening socket `sock` (from bind) until SIGINT or SIGTERM; 0 then."""
-    from gptkit.generate import make_decoder, prepare_for_generating
+    from gptkit.generate import prepare_for_generating
     from gptkit.serve import api
     from gptkit.serve.app import build_app, run_server
     from gptkit.serve.guard import allowed_host_names, parse_allowed_hosts
@@ -96,11 +96,10 @@ def serve(model, tokenizer, summary, cfg, device, model_name, sock):
     max_tokens = block if cfg.max_tokens is None else cfg.max_tokens
     chat = chat_vocabulary(model.config.vocab_size, tokenizer.vocab_size)
     defaults = api.Sampling(max_new_tokens=1, temperature=0.0, top_k=None, top_p=None, min_p=None,
-                            repetition_penalty=1.0, stop=None, seed=0, compile=cfg.compile,
+                            repetition_penalty=1.0, stop=None, seed=0, compile=False,
                             cpu_decode=cfg.cpu_decode, dtype=cfg.dtype)
     path = prepare_for_generating(model, defaults, device)  # the weights' dtype, the CPU's parts
-    decoder = make_decoder(model, defaults, batch_size=1)  # made once, used by every request
-    worker = Worker(model, tokenizer, device, decoder, cfg.queue_size)
+    worker = Worker(model, tokenizer, device, cfg.queue_size, cfg.max_batch)
     host_names = allowed_host_names(cfg.host, parse_allowed_hosts(cfg.allowed_hosts))
     state = State(cfg, worker, tokenizer, model_name, chat, block, max_tokens, key, int(time.time()), host_names)
     app = build_app(state)

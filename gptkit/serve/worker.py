@@ -1,68 +1,81 @@
-"""The one generation worker of serve.py: a thread that owns the model and answers
-requests one at a time, in the order they came.
+"""The one generation worker of serve.py: a thread that owns the model and runs every
+admitted request in one continuous batch (gptkit/serve/batch.py).
 
-Requests are queued, not batched. Batching pays in throughput (measured, one CPU
-thread: 16 equal prompts as one batch gave the chat_arithmetic shape ~18x one stream's
-tokens/s and GPT-2 124M's ~2.8x; `python bench.py serve` has the rows), but prompts
-of different lengths in one batch need left padding, a padding mask and per-row
-positions in model.py's KV cache, which it does not have; a second decoding loop
-here would break the one-model rule. Queued, every reply is exactly sample.py's:
-the same call (gptkit/chat_session.py's `reply`, gptkit/generate.py's
-`generate_samples`) on a batch of one.
+A request (a `Job`) waits in a queue until the batch has room for its rows (n of
+them, one per choice; at most `max_batch` rows run at once), then joins it at the
+next step and leaves when its last row is done. At most `capacity` requests are
+admitted at once (running and waiting); one more is refused at once (`Overloaded`).
+A request's place is given back before its last event is sent, so a client that
+sends its next request on reading the reply always finds it free.
 
-At most `capacity` requests are admitted at once (the one generating and those
-waiting); one more is refused at once (`Overloaded`). Each job's text comes back
-through `emit(kind, value)`, called from this thread; a cancelled job (its client
-left, the server is stopping) stops at its next token and frees its place at once.
+A job whose client leaves (`Job.cancel`, called by the HTTP side the moment the
+connection closes) frees its place at once when it is waiting, and its rows leave
+the batch before the next step when it is running: within one token's time.
+
+Each job's events come back through `emit(kind, value)`, called from this thread:
+    ("start", {prompt_tokens, dropped_messages})       once, before its first token
+    ("text", {index, text, logprobs})                   new text of choice `index`
+    ("done", {choices: [{finish_reason, completion_tokens}], completion_tokens})
+    ("error", (status, message, code))                  instead of done
 """
 
+import collections
 import dataclasses
-import queue
 import sys
 import threading
 import time
 import traceback
 
+import torch
+
 from gptkit import chat_session, faults
-from gptkit.chat import chat_vocabulary, prompt_ids
+from gptkit.chat import chat_vocabulary
 from gptkit.errors import UserError, first_line
-from gptkit.generate import end_of_text, generate_samples
+from gptkit.generate import TextStream, end_of_text, turn_marker
+from gptkit.serve.batch import Batch, Row
 
 
 class Overloaded(Exception):
     """Every place is taken: the client should try again later."""
 
 
-class Cancelled(Exception):
-    """The job's client left (or the server is stopping): stop generating."""
-
-
-@dataclasses.dataclass(eq=False)  # compared and hashed as itself: the worker keeps a set of them
+@dataclasses.dataclass(eq=False)  # compared and hashed as itself: the worker keeps sets of them
 class Job:
-    """One request: a chat (`messages`) or a plain continuation (`prompt_ids`), its
-    sampling settings (a dataclass with generate_samples's fields) and where its
-    events go. Events: ("start", {prompt_tokens, dropped_messages}) once the prompt
-    is read and the first token made, ("text", piece)..., then ("done", {completion_tokens,
-    finish_reason}) or ("error", (status, message, code))."""
+    """One request: a chat (`messages`) or a plain continuation (`prompt`), its sampling
+    settings (api.Sampling), `n` choices, `top_logprobs` (None: no log-probabilities;
+    k: the chosen token's and the k most likely) and where its events go."""
 
     settings: object
     emit: object
     messages: list | None = None
     prompt: list | None = None
+    n: int = 1
+    top_logprobs: int | None = None
     cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
+    on_cancel: object = None  # set by Worker.submit
+    rows: list = dataclasses.field(default_factory=list)
 
     def cancel(self):
-        self.cancelled.set()
+        """The client left, or the server is stopping: stop generating and free the place now."""
+        if not self.cancelled.is_set():
+            self.cancelled.set()
+            if self.on_cancel is not None:
+                self.on_cancel(self)
+
+
+CANCELLED = (503, "generation was cut: the server is shutting down or the client left", "cancelled")
 
 
 class Worker:
-    def __init__(self, model, tokenizer, device, decoder, capacity):
-        self.model, self.tokenizer, self.device, self.decoder = model, tokenizer, device, decoder
-        self.capacity = capacity
-        self.jobs = queue.Queue()
-        self.lock = threading.Lock()
-        self.admitted = set()  # jobs waiting or running
+    def __init__(self, model, tokenizer, device, capacity, max_batch=16):
+        self.model, self.tokenizer, self.device = model, tokenizer, device
+        self.capacity, self.max_batch = capacity, max_batch
+        self.cond = threading.Condition()
+        self.queue = collections.deque()  # jobs waiting for room in the batch
+        self.admitted = set()  # jobs waiting or running: what capacity counts
+        self.running = set()
         self.stopping = False
+        self.batch = Batch(model, device)
         # A plain continuation ends at the end of text, and on a chat model at any turn token too
         # (they are ids past the tokenizer's vocabulary: no text to decode them to).
         turns = chat_vocabulary(model.config.vocab_size, tokenizer.vocab_size) or {}
@@ -74,89 +87,145 @@ class Worker:
         self.thread.start()
 
     def submit(self, job):
-        with self.lock:
+        with self.cond:
             if self.stopping:
                 raise Overloaded("the server is shutting down")
             if len(self.admitted) >= self.capacity:
                 raise Overloaded(f"the server is busy: {self.capacity} requests are already queued or running; "
                                  "try again in a moment")
+            job.on_cancel = self._cancelled
             self.admitted.add(job)
-        self.jobs.put(job)
+            self.queue.append(job)
+            self.cond.notify()
 
     def busy(self):
-        with self.lock:
+        with self.cond:
             return len(self.admitted)
 
     def stop(self):
-        """Cut the running job, refuse the waiting ones and end the thread."""
-        with self.lock:
+        """Cut the running jobs, refuse the waiting ones and end the thread."""
+        with self.cond:
             self.stopping = True
             jobs = list(self.admitted)
         for job in jobs:
             job.cancel()
-        self.jobs.put(None)
+        with self.cond:
+            self.cond.notify()
 
     def join(self, timeout=None):
         self.thread.join(timeout)
 
+    def _cancelled(self, job):  # from the HTTP side's thread: a waiting job leaves at once
+        with self.cond:
+            if job in self.queue:
+                self.queue.remove(job)
+                self.admitted.discard(job)
+                job.emit("error", CANCELLED)
+            self.cond.notify()
+
+    def _finish(self, job, kind, value):
+        """The job's last event, after its place is freed."""
+        with self.cond:
+            self.admitted.discard(job)
+            self.running.discard(job)
+        self.batch.drop(set(job.rows))
+        job.emit(kind, value)
+
     def _loop(self):
         while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            try:
-                if job.cancelled.is_set():
-                    job.emit("error", (503, "the request was cancelled before it ran", "cancelled"))
-                else:
-                    self._run(job)
-            except Cancelled:
-                job.emit("error", (503, "generation was cut: the server is shutting down or the client left",
-                                   "cancelled"))
-            except UserError as e:
-                job.emit("error", (400, str(e), "invalid_request"))
-            except Exception as e:  # a bug or an out-of-memory: this request fails, the server goes on
-                traceback.print_exc(file=sys.stderr)
-                job.emit("error", (500, f"generation failed: {first_line(e)}", "server_error"))
-            finally:
-                with self.lock:
-                    self.admitted.discard(job)
+            with self.cond:
+                while not (self.stopping or self.queue or self.running):
+                    self.cond.wait()
+                if self.stopping:
+                    break
+                starting = []
+                rows = len(self.batch)
+                while self.queue and rows + self.queue[0].n <= self.max_batch:
+                    starting.append(self.queue.popleft())
+                    rows += starting[-1].n
+            for job in starting:
+                self._guarded(job, self._start)
+            for job in [j for j in self.running if j.cancelled.is_set()]:
+                self._finish(job, "error", CANCELLED)
+            if len(self.batch):
+                try:
+                    finished = self.batch.step()
+                except Exception as e:  # the batch's forward failed (a bug, out of memory): every job ends
+                    traceback.print_exc(file=sys.stderr)
+                    for job in list(self.running):
+                        self._finish(job, "error", (500, f"generation failed: {first_line(e)}", "server_error"))
+                    continue
+                for row in finished:
+                    self._row_done(row)
+                if self.delay:
+                    time.sleep(self.delay)
+        for job in list(self.running) + list(self.queue):
+            self._finish(job, "error", CANCELLED)
 
-    def _run(self, job):
-        started = {}
-        info = {}
+    def _guarded(self, job, action, *args):
+        """action(job, *args); a mistake in the request or a bug ends this job alone."""
+        try:
+            action(job, *args)
+        except UserError as e:
+            self._finish(job, "error", (400, str(e), "invalid_request"))
+        except Exception as e:  # a bug or an out-of-memory: this request fails, the server goes on
+            traceback.print_exc(file=sys.stderr)
+            self._finish(job, "error", (500, f"generation failed: {first_line(e)}", "server_error"))
 
-        def on_text(piece):  # called once for every token, and once at the end
-            if self.delay:
-                time.sleep(self.delay)
-            if job.cancelled.is_set():
-                raise Cancelled()
-            if not started:
-                started.update(start_info())
-                job.emit("start", dict(started))
-            if piece:
-                job.emit("text", piece)
-
+    def _start(self, job):
+        """The job's prompt and its rows, which join the batch at the next step."""
         if job.messages is not None:
-            session, last, kept = self._session(job.messages)
-
-            def start_info():  # reply() has joined the user's text and dropped the oldest turns by now
-                history = session.messages()
-                ids = prompt_ids(history, self.tokenizer.encode, self.tokenizer.vocab_size)
-                return {"prompt_tokens": len(ids), "dropped_messages": kept + 1 - len(session.history)}
-
-            chat_session.reply(session, last, job.settings, self.device, on_text=on_text, decoder=self.decoder,
-                               info=info)
+            session, text, kept = self._session(job.messages)
+            ids, stops = chat_session.reply_prompt(session, text, job.settings.max_new_tokens)
+            dropped = kept + 1 - len(session.history)
         else:
-            def start_info():
-                return {"prompt_tokens": len(job.prompt), "dropped_messages": 0}
+            ids, stops, dropped = job.prompt, self.plain_stops, 0
+        with self.cond:
+            self.running.add(job)
+        job.emit("start", {"prompt_tokens": len(ids), "dropped_messages": dropped})
+        for index in range(job.n):
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(job.settings.seed + index)  # choice i: the reply seed + i gives alone
+            row = Row(list(ids), job.settings, TextStream(self.tokenizer, job.settings.stop, stops), generator,
+                      self._on_token(job, index), job.top_logprobs)
+            job.rows.append(row)
+            self.batch.add(row)
+        if all(row.finished for row in job.rows):  # max_tokens 0: nothing to generate
+            self._row_done(job.rows[0])
 
-            generate_samples(self.model, self.tokenizer, job.prompt, job.settings, self.device, on_text=on_text,
-                             stop_tokens=self.plain_stops, decoder=self.decoder, info=info)
-        if not started:  # max_tokens 0, or nothing to say
-            started.update(start_info())
-            job.emit("start", dict(started))
-        finish = "stop" if info.get("stopped") else "length"
-        job.emit("done", {"completion_tokens": info.get("new_tokens", 0), "finish_reason": finish})
+    def _on_token(self, job, index):
+        def on_token(row, token, logprobs):
+            entries = None
+            if logprobs is not None and token not in row.stream.stop_tokens:
+                logprob, top = logprobs
+                entries = [(self._text(token), logprob, [(self._text(t), p) for t, p in top])]
+            text = row.stream.take_new()
+            if text or entries:
+                job.emit("text", {"index": index, "text": text, "logprobs": entries})
+        return on_token
+
+    def _text(self, token):
+        """A token's own text, for log-probabilities: a turn token as its marker."""
+        if token >= self.tokenizer.vocab_size:
+            return turn_marker(token, self.tokenizer.vocab_size)
+        return self.tokenizer.decode([token])
+
+    def _row_done(self, row):
+        job = next((j for j in self.running if row in j.rows), None)
+        if job is None:  # the job has ended already (another of its rows failed)
+            return
+        if row.error is not None:
+            e = row.error
+            if not isinstance(e, UserError):
+                traceback.print_exception(e, file=sys.stderr)
+            status = 400 if isinstance(e, UserError) else 500
+            self._finish(job, "error", (status, f"generation failed: {first_line(e)}", "server_error"))
+            return
+        if all(r.finished for r in job.rows):
+            choices = [{"finish_reason": "stop" if r.stopped else "length", "completion_tokens": r.new_tokens}
+                       for r in job.rows]
+            self._finish(job, "done", {"choices": choices,
+                                       "completion_tokens": sum(c["completion_tokens"] for c in choices)})
 
     def _session(self, messages):
         """A chat_session.Session holding the conversation before its last (user) message."""

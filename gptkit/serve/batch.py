@@ -1,0 +1,159 @@
+"""Continuous batching: serve.py's requests generate together, one token each per step,
+joining the running batch at the next step and leaving it when done.
+
+Every request's reply (every choice of it: n rows) is one `Row`. The rows share one
+model.py BatchKVCache, row i of the cache holding row i's keys and values at their own
+positions (model.py documents the shapes and the padding mask). One `Batch.step`:
+
+    1. rows whose client left are dropped (cache.keep): their place frees at once
+    2. the running rows' last tokens, (B, 1), run through model.next_token_logits with
+       the batch cache: one forward for all of them, each row at its own position
+    3. new rows' prompts run apart from the batch (those of one length together, in a
+       BatchKVCache of their own) and their cache rows are appended: they are in the
+       batch from the next step
+    4. every row picks its next token from its own logits with its own settings and
+       random generator (gptkit/sampling.py's choose_next_token, as sample.py does),
+       and its text grows through generate.py's TextStream (stop strings, stop tokens)
+
+A row's tokens are those generate.generate_samples gives the same request alone
+(shift_context past block_size, as a one-request server ran it): the same prompt,
+the same per-row choices, the same seeded generator, and logits from model.py's
+forward that differ from the one-row forward's only in float rounding. So at
+temperature 0 (and with a seed) a reply is the same alone or batched.
+"""
+
+import dataclasses
+
+import torch
+
+from gptkit.generate import TextStream
+from gptkit.sampling import choose_next_token
+from model import BatchKVCache
+
+
+@dataclasses.dataclass(eq=False)
+class Row:
+    """One reply being written: its tokens so far, its settings and its text."""
+
+    tokens: list  # the prompt's ids, then each new token
+    settings: object  # api.Sampling: max_new_tokens, temperature, top_k, top_p, min_p, ...
+    stream: TextStream
+    generator: torch.Generator
+    on_token: object  # on_token(row, token, logprobs): called after each new token
+    top_logprobs: int | None = None  # None: no logprobs; k: the chosen token's and the k best
+    new_tokens: int = 0  # tokens generated, a stop token included
+    context: list | None = None  # tokens to run alone before the next step (a new or shifted row)
+    finished: bool = False
+    error: Exception | None = None  # what made this row fail, if anything did
+
+    @property
+    def stopped(self):
+        return self.stream.stopped
+
+
+def logprobs_of(logits, token, k):
+    """(the chosen token's log-probability, [(id, log-probability)] of the k most likely):
+    the model's own distribution, log_softmax of its logits, before temperature or filters."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (V,)
+    best = torch.topk(logp, min(k, logp.numel())) if k else None
+    top = list(zip(best.indices.tolist(), best.values.tolist())) if best is not None else []
+    return float(logp[token]), top
+
+
+class Batch:
+    """The running rows and their shared cache; step() advances every row by one token."""
+
+    def __init__(self, model, device):
+        self.model, self.device = model, device
+        self.block = model.config.block_size
+        self.rows = []  # in the cache's row order
+        self.cache = BatchKVCache(model.config.n_layer, self.block, 0, device)
+        self.waiting = []  # rows whose context runs at the next step, before they join
+
+    def __len__(self):
+        return len(self.rows) + len(self.waiting)
+
+    def add(self, row):
+        """A new row: its prompt (cropped to the last block_size tokens) runs at the next step."""
+        row.context = row.tokens[-self.block:]
+        if row.settings.max_new_tokens == 0:
+            row.finished = True
+        else:
+            self.waiting.append(row)
+
+    def drop(self, leaving):
+        """Take the rows in `leaving` out of the batch (done, failed or their client left)."""
+        if not leaving:
+            return
+        keep = [i for i, r in enumerate(self.rows) if r not in leaving]
+        if len(keep) < len(self.rows):
+            self.cache.keep(keep)
+            self.rows = [self.rows[i] for i in keep]
+        self.waiting = [r for r in self.waiting if r not in leaving]
+
+    @torch.inference_mode()
+    def step(self):
+        """One new token for every row; returns the rows that finished in this step."""
+        # A row whose cache is full (block_size positions) starts again from its last
+        # block_size // 2 tokens (generate_stream's shift_context): it runs as a new row does.
+        full = [r for r, n in zip(self.rows, self.cache.length[:, 0].tolist()) if n >= self.block]
+        for row in full:
+            row.context = row.tokens[-max(1, self.block // 2):]
+        self.drop(set(full))
+        self.waiting += full
+        logits = []
+        if self.rows:  # the running rows: one token each, at each row's own position
+            last = torch.tensor([[r.tokens[-1]] for r in self.rows], device=self.device)  # (B, 1)
+            logits = list(self.model.next_token_logits(last, self.cache))  # B x (vocab_size,)
+        # New (or shifted) rows: their prompts run without the others, those of one length
+        # together (no padding needed), then their cache rows join the batch.
+        by_length = {}
+        for row in self.waiting:
+            by_length.setdefault(len(row.context), []).append(row)
+        for group in by_length.values():
+            fresh = BatchKVCache(self.model.config.n_layer, self.block, len(group), self.device)
+            ids = torch.tensor([row.context for row in group], device=self.device)  # (G, T)
+            logits += list(self.model.next_token_logits(ids, fresh))
+            self.cache.append(fresh)
+            self.rows += group
+            for row in group:
+                row.context = None
+        self.waiting = []
+        # Greedy rows without a penalty take the argmax: for all of them in one call.
+        greedy = [i for i, r in enumerate(self.rows)
+                  if r.settings.temperature == 0 and r.settings.repetition_penalty == 1.0]
+        picked = {}
+        if greedy:
+            best = torch.stack([logits[i] for i in greedy]).float().argmax(dim=-1)  # (G,)
+            picked = dict(zip(greedy, best.tolist()))
+        done = set()
+        for i, (row, row_logits) in enumerate(zip(self.rows, logits)):
+            try:
+                self._advance(row, row_logits, picked.get(i))
+            except Exception as e:  # this row's bug or bad value: it fails alone, the others go on
+                row.error = e
+                done.add(row)
+                continue
+            if row.finished:
+                done.add(row)
+        self.drop(done)
+        return done
+
+    def _advance(self, row, logits, token=None):
+        """Row's next token (`token` when already picked), its text and whether it is done."""
+        s = row.settings
+        if token is None:
+            previous = torch.tensor([row.tokens], device=self.device)  # (1, T): the penalty's tokens
+            token = int(choose_next_token(logits[None], s.temperature, s.top_k, s.top_p, s.min_p,
+                                          s.repetition_penalty, previous_tokens=previous,
+                                          generator=row.generator)[0])
+        row.tokens.append(token)
+        row.new_tokens += not row.stream.stopped
+        row.stream.push(token)
+        logprobs = None
+        if row.top_logprobs is not None:
+            logprobs = logprobs_of(logits, token, row.top_logprobs)
+        if row.stream.stopped or row.new_tokens >= s.max_new_tokens:
+            row.finished = True
+            row.stream.close()
+        row.on_token(row, token, logprobs)

@@ -1,0 +1,164 @@
+"""serve.py's continuous batching, in process: requests of different lengths and settings
+that join and leave one running batch each get the reply gptkit/generate.py's
+generate_samples (sample.py's loop, model.py's plain KVCache, one request alone) gives."""
+
+import dataclasses
+import threading
+
+import pytest
+import torch
+from serve_helpers import write_checkpoint
+
+from gptkit import chat_session
+from gptkit.generate import generate_samples
+from gptkit.loading import load_model
+from gptkit.serve import api
+from gptkit.serve.worker import Job, Worker
+
+BASE = api.Sampling(max_new_tokens=20, temperature=0.0, top_k=None, top_p=None, min_p=None, repetition_penalty=1.0,
+                    stop=None, seed=0, compile=False, cpu_decode=False, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("batch")
+    model, tokenizer, _ = load_model(ckpt=str(write_checkpoint(tmp / "chat.pt", block_size=64)))
+    return model, tokenizer
+
+
+def collect(job):
+    """Give `job` an emit that gathers its events; returns (events, a threading.Event set at the end)."""
+    events, ended = [], threading.Event()
+
+    def emit(kind, value):
+        events.append((kind, value))
+        if kind in ("done", "error"):
+            ended.set()
+    job.emit = emit
+    return events, ended
+
+
+def texts(events, n=1):
+    out = [""] * n
+    for kind, value in events:
+        if kind == "text":
+            out[value["index"]] += value["text"]
+    return out
+
+
+def alone(model, tokenizer, job, worker):
+    """The reply generate_samples (sample.py's code) gives the request alone."""
+    if job.messages is not None:
+        session = chat_session.Session(model, tokenizer, None, [dict(m) for m in job.messages[:-1]])
+        return chat_session.reply(session, job.messages[-1]["content"], job.settings, torch.device("cpu"))
+    return generate_samples(model, tokenizer, job.prompt, job.settings, torch.device("cpu"),
+                            stop_tokens=worker.plain_stops)[0]
+
+
+def mixed_jobs(tokenizer):
+    """16 requests: prompt lengths 1 to 60 (past block_size 64 with their replies: the
+    context shifts), max_tokens 1 to 40, greedy and seeded sampling, filters, stop lists."""
+    jobs = []
+    for i in range(16):
+        words = " ".join(["the cat sat", "a dog ran far away", "hello", "on the mat and more"][i % 4] for _ in
+                         range(1 + i % 3))
+        settings = dataclasses.replace(
+            BASE, max_new_tokens=[1, 40, 7, 25][i % 4], seed=100 + i,
+            temperature=[0.0, 0.0, 0.9, 1.3][i // 4], top_k=[None, 5][i % 2], top_p=[None, 0.9][i // 8],
+            repetition_penalty=[1.0, 1.3][(i // 2) % 2], stop=(("zz", " th"), None)[i % 2])
+        if i % 3 == 0:
+            jobs.append(Job(settings, None, messages=[{"role": "user", "content": words[:30]}]))
+        else:
+            jobs.append(Job(settings, None, prompt=tokenizer.encode((words * 4)[: 1 + 4 * i])))
+    return jobs
+
+
+def test_sixteen_mixed_requests_joining_a_running_batch_equal_their_replies_alone(loaded):
+    model, tokenizer = loaded
+    worker = Worker(model, tokenizer, torch.device("cpu"), capacity=32, max_batch=16)
+    sizes = []
+    step = worker.batch.step
+
+    def counted():
+        sizes.append(len(worker.batch))
+        return step()
+    worker.batch.step = counted
+    jobs = mixed_jobs(tokenizer)
+    gathered = [collect(job) for job in jobs]
+    worker.start()
+    try:
+        for k, job in enumerate(jobs):  # in two waves: the second joins a batch already running
+            worker.submit(job)
+            if k == 7:
+                assert gathered[0][1].wait(30)
+        for _, ended in gathered:
+            assert ended.wait(60)
+    finally:
+        worker.stop()
+        worker.join(10)
+    assert max(sizes) >= 8 and len(set(sizes)) > 3  # rows came and went while others ran
+    lengths = [events[0][1]["prompt_tokens"] + events[-1][1]["completion_tokens"] for events, _ in gathered]
+    assert max(lengths) > 64  # a reply went past block_size: its context shifted in the batch
+    replies = [texts(events)[0] for events, _ in gathered]
+    assert len(set(replies)) >= 12
+    for job, (events, _), reply in zip(jobs, gathered, replies):
+        assert events[-1][0] == "done", events[-1]
+        assert reply == alone(model, tokenizer, job, worker), job
+    assert worker.busy() == 0
+
+
+def test_n_choices_are_the_replies_of_successive_seeds_and_logprobs_are_the_models(loaded):
+    model, tokenizer = loaded
+    worker = Worker(model, tokenizer, torch.device("cpu"), capacity=4, max_batch=4)
+    ids = tokenizer.encode("the cat sat")
+    settings = dataclasses.replace(BASE, temperature=1.0, max_new_tokens=12, seed=7)
+    job = Job(settings, None, prompt=ids, n=3, top_logprobs=4)
+    events, ended = collect(job)
+    worker.start()
+    try:
+        worker.submit(job)
+        assert ended.wait(30)
+    finally:
+        worker.stop()
+        worker.join(10)
+    choices = texts(events, 3)
+    for i, text in enumerate(choices):
+        assert text == generate_samples(model, tokenizer, ids, dataclasses.replace(settings, seed=7 + i),
+                                        torch.device("cpu"), stop_tokens=worker.plain_stops)[0]
+    assert len(set(choices)) > 1
+    entries = [e for kind, v in events if kind == "text" and v["index"] == 1 for e in v["logprobs"]]
+    tokens = tokenizer.encode("".join(t for t, _, _ in entries))
+    assert "".join(t for t, _, _ in entries) == choices[1] and len(tokens) == len(entries) >= 3
+    with torch.no_grad():  # the whole sequence in one plain forward: the model's log-softmax at each step
+        logits, _ = model(torch.tensor([ids + tokens]))
+    logp = torch.log_softmax(logits[0, len(ids) - 1 :].float(), dim=-1)  # (tokens + 1, vocab)
+    for (text, lp, top), row, token in zip(entries, logp, tokens):
+        assert lp == pytest.approx(float(row[token]), abs=1e-4)
+        best = torch.topk(row, 4)
+        assert [t for t, _ in top] == [worker._text(i) for i in best.indices.tolist()]
+        assert [p for _, p in top] == pytest.approx(best.values.tolist(), abs=1e-4)
+
+
+def test_a_reply_that_fails_mid_batch_ends_alone_and_the_others_go_on(loaded, capsys):
+    model, tokenizer = loaded
+    worker = Worker(model, tokenizer, torch.device("cpu"), capacity=4, max_batch=4)
+    ids = tokenizer.encode("a dog ran")
+    good = [Job(dataclasses.replace(BASE, max_new_tokens=15, seed=s, temperature=1.0), None, prompt=ids)
+            for s in (1, 2)]
+    bad = Job(dataclasses.replace(BASE, max_new_tokens=15, stop=(5,)), None, prompt=ids)  # not a string: fails
+    gathered = [collect(job) for job in (good[0], bad, good[1])]
+    worker.start()
+    try:
+        for job in (good[0], bad, good[1]):
+            worker.submit(job)
+        for _, ended in gathered:
+            assert ended.wait(30)
+    finally:
+        worker.stop()
+        worker.join(10)
+    kind, (status, message, code) = gathered[1][0][-1]
+    assert kind == "error" and status == 500 and code == "server_error" and "TypeError" not in message
+    assert "Traceback" in capsys.readouterr().err  # the log has it, the client one line
+    for job, (events, _) in zip(good, (gathered[0], gathered[2])):
+        assert events[-1][0] == "done" and texts(events)[0] == alone(model, tokenizer, job, worker)
+    assert worker.busy() == 0
