@@ -208,7 +208,7 @@ def prepare_for_generating(model, cfg, device, note=say):
     if not parts:
         return "decode: model.py's forward with its KV cache (no nn.Linear swapped)"
     kind = type(getattr(parts[0][1], parts[0][2])).__name__
-    return (f"decode: model.py's forward with its KV cache; {len(parts)} nn.Linear -> {kind} "
+    return (f"decode: model.py's forward with its KV cache; {len(parts)} nn.Linear replaced by {kind} "
             "(gptkit/cpu_linears.py, each checked against the module it replaces; "
             "--cpu_decode false keeps nn.Linear)")
 

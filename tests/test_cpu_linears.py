@@ -164,7 +164,7 @@ def test_a_missing_operation_falls_back_to_float32_in_one_line(monkeypatch):
     header = prepare_for_generating(model, SampleConfig(dtype="int8", device="cpu"), CPU, note=said.append)
     assert said == ["decode: this PyTorch has no torch._weight_int8pack_mm for --dtype int8: model.py's float32 "
                     "products run instead"]
-    assert "9 nn.Linear -> NumPyLinear" in header
+    assert "9 nn.Linear replaced by NumPyLinear" in header
 
 
 def test_a_model_py_that_reads_a_linear_as_the_parts_do_not_allow_gets_nn_linear_back():
@@ -224,10 +224,10 @@ def sharp(tmp_path_factory):
 def test_sample_py_names_its_parts_and_prints_model_pys_text(sharp):
     default, said = sample(sharp, "--temperature", "0")
     assert default == sample(sharp, "--temperature", "0", "--cpu_decode", "false")[0] and len(default) > 100
-    assert "decode: model.py's forward with its KV cache; 9 nn.Linear -> NumPyLinear (gptkit/cpu_linears.py" in said
+    assert "decode: model.py's forward with its KV cache; 9 nn.Linear replaced by NumPyLinear (gptkit/cpu_linears.py" in said
     for weights, part in (("float16", "Float16Linear"), ("int8", "Int8Linear")):
         text, said = sample(sharp, "--temperature", "0", "--dtype", weights)
-        assert f"9 nn.Linear -> {part}" in said and "Warning" not in said
+        assert f"9 nn.Linear replaced by {part}" in said and "Warning" not in said
         assert text == default  # a sharp model: float32's text
 
 

@@ -154,7 +154,7 @@ def test_unedited_the_fast_paths_run_and_are_named(unedited):
     assert "kernels gptkit/fused.py (RMSNorm, ReLU² backward by hand, checked against model.py" in unedited["fused"]["log"]
     assert "does not match" not in unedited["fused"]["log"]
     said = unedited["decode_true"]["stderr"]
-    swapped = "decode: model.py's forward with its KV cache; 9 nn.Linear -> NumPyLinear (gptkit/cpu_linears.py"
+    swapped = "decode: model.py's forward with its KV cache; 9 nn.Linear replaced by NumPyLinear (gptkit/cpu_linears.py"
     assert swapped in said and "nn.Linear" not in said.replace(swapped, "").replace("keeps nn.Linear)", "")
     assert "decode: model.py's forward with its KV cache\n" in unedited["decode_false"]["stderr"]
     assert unedited["decode_true"]["text"] == unedited["decode_false"]["text"]
@@ -193,7 +193,7 @@ def test_an_edit_to_model_py_is_what_trains_and_samples(edit, tiny_data, unedite
     # sampling, chat and serving run the edited model.py, its Linears swapped (one more per block when added)
     linears = 9 + 2 * (edit == "added")
     for said in (got["decode_true"]["stderr"], got["serve"]["stderr"]):
-        assert f"decode: model.py's forward with its KV cache; {linears} nn.Linear -> NumPyLinear" in said
+        assert f"decode: model.py's forward with its KV cache; {linears} nn.Linear replaced by NumPyLinear" in said
     assert got["decode_true"]["text"] == got["decode_false"]["text"]
     assert got["logits_True"] == pytest.approx(got["logits_False"], abs=1e-5)
     assert (got["logits_True"] == pytest.approx(unedited["logits_True"], abs=1e-4)) == same

@@ -344,7 +344,7 @@ def raw_request(port, body):
     """A socket that has sent a POST to /v1/completions and reads nothing."""
     data = json.dumps(body)
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  f"Content-Length: {len(data)}\r\n\r\n{data}".encode())
     return sock
 
