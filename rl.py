@@ -84,7 +84,9 @@ class RLConfig:
     eval_pairs: str | None = setting(None, "held-out pairs .jsonl (none: arithmetic's held-out sums)")
     pairs_per_step: int = setting(32, "pairs per step, shared among the ranks")
     beta: float = setting(0.1, "DPO's beta, the strength of the reference (DPO paper, TRL: 0.1)")
-    label_smoothing: float = setting(0.0, "chance a pair's label is flipped (cDPO; TRL's name)")
+    label_smoothing: float = setting(0.0, "chance a pair's label is flipped, eps (TRL's name)")
+    dpo_loss: str = setting("sigmoid", "sigmoid: DPO, eps as in cDPO | robust: rDPO's unbiased "
+                            "form (Chowdhury et al. 2024; TRL's loss_type=robust)")
     # optimisation (gptkit/train/optim.py's AdamW or Muon)
     optimizer: str = setting("adamw", "adamw | muon")
     learning_rate: float = setting(1e-4, "peak AdamW rate")
@@ -123,6 +125,7 @@ class RLConfig:
         problems = choice_problems(self, {"method": ("grpo", "dpo"), "reward": tuple(rl_data.REWARDS),
                                           "advantage": ("mean", "zscore"),
                                           "loss_norm": ("token", "sequence"),
+                                          "dpo_loss": ("sigmoid", "robust"),
                                           "optimizer": ("adamw", "muon")})
         for name in ("group_size", "prompts_per_step", "pairs_per_step", "max_new_tokens",
                      "updates_per_batch", "max_iters", "batch_size", "eval_interval",
@@ -191,12 +194,16 @@ def grpo_step(model, batch, cfg, reference=None):
     return loss.detach()
 
 
-def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta, label_smoothing):
+def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta, label_smoothing,
+             kind="sigmoid"):
     """DPO's loss per pair from each reply's summed log-probability (Rafailov et al. 2023,
-    eq. 7; label smoothing as cDPO): -log sigmoid(beta * (policy margin - reference margin))."""
-    logits = (policy_chosen - policy_rejected) - (ref_chosen - ref_rejected)
-    return (-F.logsigmoid(beta * logits) * (1 - label_smoothing)
-            - F.logsigmoid(-beta * logits) * label_smoothing)
+    eq. 7): -log sigmoid(beta * (policy margin - reference margin)). With label smoothing
+    eps, sigmoid mixes in the flipped label (cDPO); robust subtracts it, / (1 - 2 eps) (rDPO)."""
+    logits = beta * ((policy_chosen - policy_rejected) - (ref_chosen - ref_rejected))
+    right, flipped = -F.logsigmoid(logits), -F.logsigmoid(-logits)
+    if kind == "robust":
+        return ((1 - label_smoothing) * right - label_smoothing * flipped) / (1 - 2 * label_smoothing)
+    return (1 - label_smoothing) * right + label_smoothing * flipped
 
 
 def dpo_step(model, batch, cfg, reference):
@@ -206,7 +213,8 @@ def dpo_step(model, batch, cfg, reference):
     with torch.no_grad():
         ref = reference(batch["seq"], batch["mask"]).sum(1)
     P = logp.size(0) // 2
-    losses = dpo_loss(logp[:P], logp[P:], ref[:P], ref[P:], cfg.beta, cfg.label_smoothing)
+    losses = dpo_loss(logp[:P], logp[P:], ref[:P], ref[P:], cfg.beta, cfg.label_smoothing,
+                      cfg.dpo_loss)
     loss = losses.sum() / batch["total"]
     loss.backward()
     return loss.detach()
@@ -309,7 +317,8 @@ def grpo_batch(model, chat, prompts, cfg, step, dist, device, reward, logprobs_o
         ids = chat.prompt(prompt.messages)
         replies = sample_replies(model, ids, cfg.group_size, cfg.temperature, cfg.top_k,
                                  cfg.max_new_tokens, chat.end, generator_for(cfg, step, index, device))
-        r = torch.tensor([reward(chat.text(reply), prompt.answer) for reply in replies])
+        r = torch.tensor([scored(reward, cfg, chat.text(reply), prompt, f"prompt {index + 1}")
+                          for reply in replies])
         a = r - r.mean()  # the group's mean is the baseline (GRPO; nanochat stops here)
         if cfg.advantage == "zscore":
             a = a / (r.std() + 1e-4)  # DeepSeekMath; TRL's epsilon
@@ -365,6 +374,16 @@ def pair_chunks(chat, pairs, cfg, device, total):
 
 
 # ----------------------------------------------------------------------------- evaluation
+def scored(reward, cfg, text, prompt, where):
+    """reward(text, answer) as a float; a reward function that fails is one line naming
+    the prompt it failed on."""
+    try:
+        return float(reward(text, prompt.answer))
+    except Exception as e:
+        raise UserError(f"reward {cfg.reward} failed on {where} ({type(e).__name__}: {e}); "
+                        f"its reply was {text[:60]!r}")
+
+
 @torch.no_grad()
 def evaluate(model, chat, prompts, cfg, dist, device, reward):
     """(pass@1 of greedy replies, mean reward of sampled ones) on the held-out prompts,
@@ -373,7 +392,7 @@ def evaluate(model, chat, prompts, cfg, dist, device, reward):
     by_length = {}
     for index, p in list(enumerate(prompts[: cfg.eval_prompts]))[dist.rank::dist.world_size]:
         ids = chat.prompt(p.messages)
-        by_length.setdefault(len(ids), []).append((index, ids, p.answer))
+        by_length.setdefault(len(ids), []).append((index, ids, p))
     right = rewarded = 0.0
     for length, items in sorted(by_length.items()):
         for s in range(0, len(items), cfg.batch_size):
@@ -384,13 +403,12 @@ def evaluate(model, chat, prompts, cfg, dist, device, reward):
                 steps = list(generate_stream(model, idx, cfg.max_new_tokens,
                                              temperature=temperature, top_k=cfg.top_k,
                                              stop_tokens=[chat.end], generator=g))
-                replies = torch.stack(steps, 1).tolist()
-                score = sum(reward(chat.text(r), answer) for r, (_, _, answer) in zip(replies, part))
-                if temperature == 0:
-                    right += sum(float(reward(chat.text(r), a) == 1.0)
-                                 for r, (_, _, a) in zip(replies, part))
-                else:
-                    rewarded += score
+                for reply, (index, _, p) in zip(torch.stack(steps, 1).tolist(), part):
+                    r = scored(reward, cfg, chat.text(reply), p, f"held-out prompt {index + 1}")
+                    if temperature == 0:
+                        right += float(r == 1.0)
+                    else:
+                        rewarded += r
     n = min(cfg.eval_prompts, len(prompts))
     totals = distributed.all_reduce_sum(torch.tensor([right, rewarded], device=device), dist)
     model.train()
