@@ -598,8 +598,7 @@ def run(cfg, data, dist, device):
                     mean_reward = math.nan
             state.train_time_s += log.clock.last_step_s
             state.train_cpu_s = log.clock.cpu_s()
-            state.iter_num += 1
-            if state.iter_num % cfg.log_interval == 0:
+            if state.iter_num % cfg.log_interval == 0:  # the step's index, as train.py logs
                 log.record({"kind": "rl_train", "iter": state.iter_num, "loss": loss,
                             "reward": mean_reward, "grad_norm": norm,
                             "lr": cfg.learning_rate * lr_scale,
@@ -608,6 +607,7 @@ def run(cfg, data, dist, device):
                            line=f"step {state.iter_num}/{cfg.max_iters} | loss {loss:.4f} | "
                                 f"reward {mean_reward:.3f} | norm {norm:.2f} | "
                                 f"{1000 * log.clock.last_step_s:.0f} ms")
+            state.iter_num += 1
             if distributed.any_rank(stop.raised, dist, device):
                 saver.save("ckpt", state)
                 log.print(f"stopped by {stop.signal_name or 'a signal on another rank'} at step "
