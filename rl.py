@@ -58,9 +58,11 @@ class RLConfig:
     out_dir: str = setting("out-rl", "folder for ckpt.pt, best.pt, config.json, metrics.jsonl")
     overwrite: bool = setting(False, "replace a run already in out_dir")
     # prompts with answers: GRPO's training prompts, and every evaluation's
-    task: str = setting("arithmetic", "arithmetic (sums, offline) | a .jsonl of prompts with answers")
-    eval_task: str | None = setting(None, "held-out prompts: a .jsonl (none: arithmetic's held-out "
-                                    "sums; required for a file task)")
+    task: str = setting("arithmetic", "arithmetic (sums, offline) | gsm8k (downloaded once; use "
+                        "reward=final_number) | a .jsonl of prompts with answers")
+    eval_task: str | None = setting(None, "held-out prompts: a .jsonl (none: the task's held-out "
+                                    "split: arithmetic's held-out sums, GSM8K's test; required for "
+                                    "a file task)")
     reward: str = setting("exact", "exact (the reply is the answer) | final_number (its last "
                           "number is the answer's: GSM8K)")
     eval_prompts: int = setting(200, "held-out prompts each evaluation answers")
@@ -140,7 +142,7 @@ class RLConfig:
             problems.append(f"label_smoothing={self.label_smoothing} must be in [0, 0.5)")
         if self.beta <= 0 or self.kl_coef < 0 or self.clip_eps <= 0:
             problems.append("beta and clip_eps must be > 0, kl_coef >= 0")
-        if self.task != "arithmetic" and self.eval_task is None:
+        if self.task not in ("arithmetic", "gsm8k") and self.eval_task is None:
             problems.append(f"task={self.task} needs --eval_task, a .jsonl of held-out prompts")
         if self.init_from == "auto":
             problems.append("init_from=auto is train.py's: name the checkpoint, or resume")
@@ -485,9 +487,8 @@ def reference_for(model, cfg, start):
 
 def tasks(cfg):
     """(training prompts, held-out prompts, training pairs, held-out pairs) the method reads."""
-    read = rl_data.read_prompts
-    train = rl_data.arithmetic_prompts("train") if cfg.task == "arithmetic" else read(cfg.task)
-    held = rl_data.arithmetic_prompts("val") if cfg.eval_task is None else read(cfg.eval_task)
+    train = rl_data.named_prompts(cfg.task, "train")
+    held = rl_data.named_prompts(cfg.eval_task or cfg.task, "val")
     if cfg.method == "grpo":
         return train, held, None, None
     if cfg.pairs == "arithmetic":

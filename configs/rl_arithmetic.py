@@ -23,10 +23,10 @@ kl_coef = 0.0
 updates_per_batch = 1
 
 optimizer = "adamw"
-learning_rate = 1e-3
+learning_rate = 3e-4
 lr_decay = True
-max_iters = 100
+max_iters = 60
 batch_size = 64
 
-eval_interval = 20
+eval_interval = 30
 eval_prompts = 400

@@ -5,7 +5,9 @@ chosen and a rejected reply (DPO), each read whole and checked before any work.
     python rl.py --method=dpo --pairs=pairs.jsonl --init_from=out-chat/ckpt.pt
 
 Prompts: `arithmetic` (the held-out sums of data/arithmetic_chat's val split are the
-evaluation's, the others the training's), or a jsonl file, one prompt a line, as
+evaluation's, the others the training's), `gsm8k` (GSM8K's train and test files,
+downloaded once into $GPTKIT_CACHE_DIR/gsm8k or ~/.cache/gptkit/gsm8k), or a jsonl file,
+one prompt a line, as
 `{"prompt": "What is 2+2?", "answer": "4"}` or `{"messages": [...], "answer": "4"}`;
 GSM8K's own layout `{"question": ..., "answer": "... #### 72"}` is read too (the
 answer is the number after ####).
@@ -17,6 +19,7 @@ Pairs, in the layouts TRL and the Hugging Face datasets use:
 """
 
 import json
+import os
 import random
 import re
 from dataclasses import dataclass
@@ -48,6 +51,37 @@ def arithmetic_prompts(split):
     held, seen = held_out_sums(random.Random(SEED))
     return [Prompt([{"role": "user", "content": f"What is {a}+{b}?"}], str(a + b))
             for a, b in (held if split == "val" else seen)]
+
+
+# GSM8K as its authors publish it (the grade-school-math repository): one jsonl per split.
+GSM8K_URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{split}.jsonl"
+
+
+def gsm8k_file(split):
+    """GSM8K's `split` (train or test) file, downloaded once into the cache folder."""
+    from gptkit.interop.hf_gpt2 import DownloadFailed, download_file
+
+    folder = Path(os.environ.get("GPTKIT_CACHE_DIR", Path.home() / ".cache" / "gptkit")) / "gsm8k"
+    path = folder / f"{split}.jsonl"
+    if path.is_file():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    url = GSM8K_URL.format(split=split)
+    try:
+        download_file(url, path)
+    except DownloadFailed as e:
+        raise UserError(f"could not download GSM8K from {url} ({e.__cause__}). Offline? Fetch "
+                        f"{split}.jsonl elsewhere and pass it as --task (train) or --eval_task (test)")
+    return path
+
+
+def named_prompts(name, split):
+    """The prompts of a named task's split ("train" or "val"), else of the jsonl file `name`."""
+    if name == "arithmetic":
+        return arithmetic_prompts(split)
+    if name == "gsm8k":
+        return read_prompts(gsm8k_file("train" if split == "train" else "test"))
+    return read_prompts(name)
 
 
 def read_jsonl(path, what):

@@ -349,3 +349,35 @@ def test_two_gloo_ranks_equal_one_process(tmp_path, chat_ckpt):
     assert records(two, "rl_eval") == pytest.approx(records(one, "rl_eval"))
     assert [r["reward"] for r in records(two, "rl_train")] == [
         r["reward"] for r in records(one, "rl_train")]
+
+
+def test_gsm8k_by_name_downloads_once_from_its_publisher(tmp_path, monkeypatch):
+    """GSM8K's files in its authors' layout, served on 127.0.0.1: read by name, cached, then
+    read offline; a failed download is one line naming the URL and what to pass instead."""
+    import functools
+    import http.server
+    import threading
+
+    served = tmp_path / "served"
+    served.mkdir()
+    for split, (q, a) in (("train", ("Ann has 2 apples and buys 3. How many?", "2 + 3 = 5\n#### 5")),
+                          ("test", ("Bo has 1,000 and spends 1. Left?", "1000 - 1 = 999\n#### 999"))):
+        (served / f"{split}.jsonl").write_text(json.dumps({"question": q, "answer": a}) + "\n")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/{{split}}.jsonl"
+    monkeypatch.setattr(rl_data, "GSM8K_URL", url)
+    monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        train = rl_data.named_prompts("gsm8k", "train")
+        held = rl_data.named_prompts("gsm8k", "val")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [p.answer for p in train] == ["5"] and [p.answer for p in held] == ["999"]
+    assert rl_data.final_number("She has 999 left. #### 999", held[0].answer) == 1.0
+    assert rl_data.named_prompts("gsm8k", "val") == held  # the cached copy, server gone
+    (tmp_path / "cache" / "gsm8k" / "train.jsonl").unlink()
+    with pytest.raises(rl_data.UserError, match=r"could not download GSM8K from http://127\.0\.0\.1"):
+        rl_data.named_prompts("gsm8k", "train")
