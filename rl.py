@@ -53,7 +53,8 @@ class RLConfig:
     """GRPO or DPO from a chat checkpoint"""
 
     method: str = setting("grpo", "grpo (sampled replies, rewards) | dpo (preference pairs)")
-    init_from: str = setting("out-chat-arithmetic", "the chat checkpoint to start from (a file or a "
+    init_from: str = setting("out-chat-arithmetic", "the chat checkpoint to start from (a file or "
+                             "a "
                              "run folder) | resume (out_dir/ckpt.pt)")
     out_dir: str = setting("out-rl", "folder for ckpt.pt, best.pt, config.json, metrics.jsonl")
     overwrite: bool = setting(False, "replace a run already in out_dir")
@@ -70,20 +71,25 @@ class RLConfig:
     group_size: int = setting(16, "replies sampled per prompt (nanochat: 16; DeepSeekMath: 64)")
     prompts_per_step: int = setting(8, "prompts per step, shared among the ranks")
     temperature: float = setting(1.0, "sampling temperature of the groups (nanochat: 1.0)")
-    top_k: int | None = setting(None, "sample among the k likeliest tokens (nanochat: 50); none = all")
+    top_k: int | None = setting(None, "sample among the k likeliest tokens (nanochat: 50); none = "
+                                "all")
     max_new_tokens: int = setting(16, "longest reply sampled")
-    advantage: str = setting("mean", "mean: reward - group mean (nanochat, Dr. GRPO) | zscore: also "
+    advantage: str = setting("mean", "mean: reward - group mean (nanochat, Dr. GRPO) | zscore: "
+                             "also "
                              "divided by the group's std (DeepSeekMath's GRPO)")
     loss_norm: str = setting("token", "token: sum over every reply token / their count (nanochat, "
                              "DAPO) | sequence: each reply's token mean, then the mean (GRPO)")
-    kl_coef: float = setting(0.0, "weight of the k3 KL estimate to the reference per token (0 = none, "
+    kl_coef: float = setting(0.0, "weight of the k3 KL estimate to the reference per token (0 = "
+                             "none, "
                              "nanochat; DeepSeekMath: 0.04)")
-    updates_per_batch: int = setting(1, "optimizer steps per sampled batch: 1 = on-policy (nanochat, "
+    updates_per_batch: int = setting(1, "optimizer steps per sampled batch: 1 = on-policy "
+                                     "(nanochat, "
                                      "the ratio is 1); more: PPO's clipped ratios")
     clip_eps: float = setting(0.2, "PPO's clip range of the ratio (updates_per_batch > 1)")
     # DPO
     pairs: str = setting("arithmetic", "DPO's pairs: arithmetic (right vs wrong sums) | a .jsonl")
-    eval_pairs: str | None = setting(None, "held-out pairs .jsonl (none: arithmetic's held-out sums)")
+    eval_pairs: str | None = setting(None, "held-out pairs .jsonl (none: arithmetic's held-out "
+                                     "sums)")
     pairs_per_step: int = setting(32, "pairs per step, shared among the ranks")
     beta: float = setting(0.1, "DPO's beta, the strength of the reference (DPO paper, TRL: 0.1)")
     label_smoothing: float = setting(0.0, "chance a pair's label is flipped, eps (TRL's name)")
@@ -103,7 +109,8 @@ class RLConfig:
     max_iters: int = setting(100, "steps")
     batch_size: int = setting(64, "sequences per forward/backward (a step's are split into these)")
     # LoRA (docs/lora.md)
-    lora_rank: int = setting(0, "train LoRA adapters of this rank on a frozen base; 0 = every weight")
+    lora_rank: int = setting(0, "train LoRA adapters of this rank on a frozen base; 0 = every "
+                             "weight")
     lora_alpha: float | None = setting(None, "LoRA scale is alpha / rank; none = the rank")
     lora_dropout: float = setting(0.0, "dropout on each adapter's input")
     lora_targets: str = setting("attn.c_attn", "attn.c_attn | attn.c_proj | mlp.c_fc | mlp.c_proj "
@@ -124,7 +131,8 @@ class RLConfig:
     dataset = "rl"  # the logger's default wandb project
 
     def __post_init__(self):
-        problems = choice_problems(self, {"method": ("grpo", "dpo"), "reward": tuple(rl_data.REWARDS),
+        problems = choice_problems(self, {"method": ("grpo", "dpo"),
+                                          "reward": tuple(rl_data.REWARDS),
                                           "advantage": ("mean", "zscore"),
                                           "loss_norm": ("token", "sequence"),
                                           "dpo_loss": ("sigmoid", "robust"),
@@ -135,7 +143,8 @@ class RLConfig:
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
         if self.method == "grpo" and self.group_size < 2:
-            problems.append("group_size must be at least 2: a group of one has no relative advantage")
+            problems.append("group_size must be at least 2: a group of one has no relative "
+                            "advantage")
         if self.temperature <= 0:
             problems.append(f"temperature={self.temperature} must be > 0 to sample a group")
         if not 0 <= self.label_smoothing < 0.5:
@@ -204,7 +213,8 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta, lab
     logits = beta * ((policy_chosen - policy_rejected) - (ref_chosen - ref_rejected))
     right, flipped = -F.logsigmoid(logits), -F.logsigmoid(-logits)
     if kind == "robust":
-        return ((1 - label_smoothing) * right - label_smoothing * flipped) / (1 - 2 * label_smoothing)
+        eps = label_smoothing
+        return ((1 - eps) * right - eps * flipped) / (1 - 2 * eps)
     return (1 - label_smoothing) * right + label_smoothing * flipped
 
 
@@ -318,7 +328,8 @@ def grpo_batch(model, chat, prompts, cfg, step, dist, device, reward, logprobs_o
     for index, prompt in step_items(prompts, cfg.prompts_per_step, cfg, step, dist):
         ids = chat.prompt(prompt.messages)
         replies = sample_replies(model, ids, cfg.group_size, cfg.temperature, cfg.top_k,
-                                 cfg.max_new_tokens, chat.end, generator_for(cfg, step, index, device))
+                                 cfg.max_new_tokens, chat.end,
+                                 generator_for(cfg, step, index, device))
         r = torch.tensor([scored(reward, cfg, chat.text(reply), prompt, f"prompt {index + 1}")
                           for reply in replies])
         a = r - r.mean()  # the group's mean is the baseline (GRPO; nanochat stops here)
@@ -339,7 +350,8 @@ def grpo_batch(model, chat, prompts, cfg, step, dist, device, reward, logprobs_o
     chunks = []
     for s in range(0, seq.size(0), cfg.batch_size):
         part = slice(s, s + cfg.batch_size)
-        chunk = {"seq": seq[part], "mask": mask[part], "advantages": advantages[part], "total": total}
+        chunk = {"seq": seq[part], "mask": mask[part], "advantages": advantages[part],
+                 "total": total}
         chunk["old_logp"] = reply_logprobs(model, chunk["seq"], chunk["mask"])
         if cfg.kl_coef > 0:
             chunk["ref_logp"] = logprobs_of_reference(chunk["seq"], chunk["mask"])
@@ -444,19 +456,22 @@ def load_start(cfg):
     if cfg.init_from == "resume":
         path = Path(cfg.out_dir) / "ckpt.pt"
         if not path.is_file():
-            raise UserError(f"init_from=resume but {path} does not exist: start from a chat checkpoint")
+            raise UserError(f"init_from=resume but {path} does not exist: start from a chat "
+                            "checkpoint")
         ckpt = load_checkpoint(path)
         if "rl_start" not in ckpt or "optimizer" not in ckpt:
             raise UserError(f"{path} is not a checkpoint of rl.py: resume it with train.py")
         if ckpt.get("lora") is not None:
-            model = adapted_model(ckpt["lora"], ckpt["model"], path, ckpt["model_config"]["block_size"])
+            model = adapted_model(ckpt["lora"], ckpt["model"], path,
+                                  ckpt["model_config"]["block_size"])
             _, tokenizer, _ = model_from_checkpoint(ckpt, path)
         else:
             model, tokenizer, _ = model_from_checkpoint(ckpt, path)
         return model, Chat(tokenizer, ckpt.get("chat"), path), ckpt, Path(ckpt["rl_start"])
     path = checkpoint_of(cfg.init_from)
     if path is None:
-        raise UserError(f"init_from={cfg.init_from}: no checkpoint there (a .pt file or a run folder)")
+        raise UserError(f"init_from={cfg.init_from}: no checkpoint there (a .pt file or a run "
+                        "folder)")
     ckpt = read_checkpoint(path)
     model, tokenizer, _ = model_from_checkpoint(ckpt, path)
     chat = Chat(tokenizer, ckpt.get("chat"), path)
@@ -585,7 +600,8 @@ def run(cfg, data, dist, device):
             with log.clock.step():
                 if cfg.method == "grpo":
                     chunks, mean_reward = grpo_batch(model, chat, train_prompts, cfg,
-                                                     state.iter_num, dist, device, reward, reference)
+                                                     state.iter_num, dist, device, reward,
+                                                     reference)
                     for _ in range(cfg.updates_per_batch):
                         loss, norm = update(model, optimizers, params, cfg, dist, lr_scale,
                                             grpo_step, chunks, reference)
