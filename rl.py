@@ -89,7 +89,7 @@ class RLConfig:
     # DPO
     pairs: str = setting("arithmetic", "DPO's pairs: arithmetic (right vs wrong sums) | a .jsonl")
     eval_pairs: str | None = setting(None, "held-out pairs .jsonl (none: arithmetic's held-out "
-                                     "sums)")
+                                     "sums; for a pairs file, its own pairs)")
     pairs_per_step: int = setting(32, "pairs per step, shared among the ranks")
     beta: float = setting(0.1, "DPO's beta, the strength of the reference (DPO paper, TRL: 0.1)")
     label_smoothing: float = setting(0.0, "chance a pair's label is flipped, eps (TRL's name)")
