@@ -22,6 +22,7 @@ LoRA is applied to a built model from outside (model.py stays the architecture):
 
 import hashlib
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -107,6 +108,21 @@ def apply(model, rank, alpha, dropout, targets):
             setattr(owner, layer_name, LoRALinear(layer, rank, alpha, dropout))
     model.lora_spec = {"rank": rank, "alpha": alpha, "dropout": dropout, "targets": list(targets)}
     return model
+
+
+@contextmanager
+def disabled(model):
+    """The base alone inside the block (every adapter's scale 0, nothing copied): the
+    frozen reference of rl.py's DPO and KL term when it trains adapters."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    scales = [m.scaling for m in layers]
+    for m in layers:
+        m.scaling = 0.0
+    try:
+        yield model
+    finally:
+        for m, scale in zip(layers, scales):
+            m.scaling = scale
 
 
 def is_applied(model):

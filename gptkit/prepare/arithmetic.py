@@ -27,14 +27,20 @@ def exchange(a, b):
     return [{"role": "user", "content": f"What is {a}+{b}?"}, {"role": "assistant", "content": str(a + b)}]
 
 
+def held_out_sums(rng, val_fraction=VAL_FRACTION):
+    """(held, seen): every sum (a, b) shuffled by `rng`, the first val_fraction held out
+    (rl.py's arithmetic task asks the same held-out sums as this dataset's val split)."""
+    sums = [(a, b) for a in range(100) for b in range(100)]
+    rng.shuffle(sums)
+    n_held = int(len(sums) * val_fraction)
+    return sums[:n_held], sums[n_held:]
+
+
 def arithmetic_conversations(n=N_CONVERSATIONS, val_fraction=VAL_FRACTION, seed=SEED):
     """n conversations (dicts with "messages"), those at the val split's places
     (gptkit.prepare.chat.split_conversations) made of held-out sums only."""
     rng = random.Random(seed)
-    sums = [(a, b) for a in range(100) for b in range(100)]
-    rng.shuffle(sums)
-    n_held = int(len(sums) * val_fraction)
-    held, seen = sums[:n_held], sums[n_held:]
+    held, seen = held_out_sums(rng, val_fraction)
     val = split_conversations(n, val_fraction)
     out = []
     for i in range(n):

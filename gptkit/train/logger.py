@@ -190,8 +190,9 @@ class Logger:
         else:
             print(text, flush=True)
 
-    def record(self, rec):
-        """Write one metrics record to metrics.jsonl, the console and wandb."""
+    def record(self, rec, line=None):
+        """Write one metrics record to metrics.jsonl, the console and wandb; a record of
+        another kind than train, eval or note (rl.py's) prints `line`."""
         if not self.enabled:
             return
         if self.metrics is not None:
@@ -200,7 +201,9 @@ class Logger:
                 self.metrics.flush()
             except OSError as e:  # a full disk, most likely
                 raise RunFailed(f"could not write {self.metrics.name}: {e}")
-        if rec["kind"] == "train":
+        if line is not None:
+            self.print(line)
+        elif rec["kind"] == "train":
             eta = self.schedule.eta_s(self.state, self.seconds_per_iter)
             self.print(format_train_line(rec, self.total_iters, eta))
         elif rec["kind"] == "eval":
@@ -209,7 +212,7 @@ class Logger:
             self.print(f"note: {rec['note']}")
             return  # text, not a metric to chart
         if self.wandb is not None:
-            prefix = "train" if rec["kind"] == "train" else "eval"
+            prefix = {"train": "train", "eval": "eval"}.get(rec["kind"], rec["kind"])
             data = {f"{prefix}/{k}": v for k, v in rec.items() if k not in ("kind", "iter") and v is not None}
             self.wandb.log(data, step=rec["iter"])
 
