@@ -579,14 +579,13 @@ def run(cfg, data, dist, device):
         while True:
             if state.iter_num % cfg.eval_interval == 0 or state.iter_num == cfg.max_iters:
                 if state.last_eval_iter != state.iter_num:
-                    with log.clock.paused():
-                        pass1, mean_reward = evaluate(model, chat, held_prompts, cfg, dist, device,
-                                                      reward)
-                        rec = {"kind": "rl_eval", "iter": state.iter_num, "pass1": pass1,
-                               "mean_reward": mean_reward}
-                        if cfg.method == "dpo":
-                            rec["margin"], rec["pair_accuracy"] = pair_margins(
-                                model, chat, eval_pairs, cfg, dist, device, reference)
+                    pass1, mean_reward = evaluate(model, chat, held_prompts, cfg, dist, device,
+                                                  reward)
+                    rec = {"kind": "rl_eval", "iter": state.iter_num, "pass1": pass1,
+                           "mean_reward": mean_reward}
+                    if cfg.method == "dpo":
+                        rec["margin"], rec["pair_accuracy"] = pair_margins(
+                            model, chat, eval_pairs, cfg, dist, device, reference)
                     log.record(rec, line=" | ".join(
                         [f"eval {state.iter_num}"] + [f"{k} {v:.4f}" for k, v in rec.items()
                                                       if k not in ("kind", "iter")]))
@@ -613,8 +612,8 @@ def run(cfg, data, dist, device):
                     loss, norm = update(model, optimizers, params, cfg, dist, lr_scale,
                                         dpo_step, chunks, reference)
                     mean_reward = math.nan
-            state.train_time_s += log.clock.last_step_s
-            state.train_cpu_s = log.clock.cpu_s()
+            state.train_time_s += log.clock.last_step_s  # the clocks count steps alone
+            state.train_cpu_s += log.clock.last_step_cpu_s
             if state.iter_num % cfg.log_interval == 0:  # the step's index, as train.py logs
                 log.record({"kind": "rl_train", "iter": state.iter_num, "loss": loss,
                             "reward": mean_reward, "grad_norm": norm,
