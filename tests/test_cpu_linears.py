@@ -238,3 +238,11 @@ def test_int8_without_the_parts_and_off_a_cpu_is_refused_in_one_line(sharp):
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
         "error: --dtype int8 is gptkit/cpu_linears.py's Int8Linear: leave out --cpu_decode false and --compile"]
+
+
+@pytest.mark.parametrize("block_size", [1, 2])
+def test_a_context_too_short_for_the_check_still_gets_its_parts_and_samples(block_size):
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=16, block_size=block_size, vocab_size=5)).eval()
+    header = prepare_for_generating(model, SampleConfig(device="cpu"), CPU, note=print)
+    assert "5 nn.Linear replaced by NumPyLinear" in header
+    assert len(list(generate_stream(model, torch.tensor([[1]]), 6, temperature=0, shift_context=True))) == 6
