@@ -105,15 +105,20 @@ def read_jsonl(path, what):
     return out
 
 
-def read_prompts(path):
-    """Prompts of a jsonl file (see the module's docstring)."""
-    prompts = []
-    for n, obj in read_jsonl(path, "prompts"):
+def read_items(path, what, parse):
+    """parse(obj) of every line of a jsonl file; a line it refuses is named by file and line."""
+    items = []
+    for n, obj in read_jsonl(path, what):
         try:
-            prompts.append(parse_prompt(obj))
+            items.append(parse(obj))
         except UserError as e:
             raise UserError(f"{path}:{n}: {e}")
-    return prompts
+    return items
+
+
+def read_prompts(path):
+    """Prompts of a jsonl file (see the module's docstring)."""
+    return read_items(path, "prompts", parse_prompt)
 
 
 GSM8K_MARK = "####"  # GSM8K's answers end with "#### 72"
@@ -148,13 +153,7 @@ def check_turns(messages):
 
 def read_pairs(path):
     """Pairs of a jsonl file (see the module's docstring)."""
-    pairs = []
-    for n, obj in read_jsonl(path, "preference"):
-        try:
-            pairs.append(parse_pair(obj))
-        except UserError as e:
-            raise UserError(f"{path}:{n}: {e}")
-    return pairs
+    return read_items(path, "preference", parse_pair)
 
 
 def parse_pair(obj):

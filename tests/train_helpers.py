@@ -160,3 +160,20 @@ def write_run(folder, model, tokenizer_dict):
         "model_config": dataclasses.asdict(model.config), "tokenizer": tokenizer_dict, "iter_num": 7,
     }, Path(folder) / "ckpt.pt")
     return Path(folder)
+
+
+def one_process_run(root, **overrides):
+    """An uninterrupted run in one process at one thread (each torchrun worker's kernels) on
+    a tiny char dataset, in root / "one": what the distributed runs are compared against."""
+    import torch
+
+    import train
+
+    data = write_char_dataset(root / "data").parent
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert train.main(tiny_args(data, root / "one", **overrides)) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return root

@@ -19,7 +19,7 @@ import torch
 import train
 from gptkit.checkpoint import load_checkpoint
 from gptkit.train import sharded
-from train_helpers import REPO, losses_by_iter, read_metrics, subprocess_env, tiny_args, write_char_dataset
+from train_helpers import REPO, one_process_run, losses_by_iter, read_metrics, subprocess_env, tiny_args, write_char_dataset
 
 # A tiny model and a global batch of 4 micro-batches: one per rank on 4 ranks. dropout 0:
 # each rank draws its own dropout masks, so only without dropout can ranks equal one process.
@@ -39,15 +39,7 @@ def free_port():
 def reference(tmp_path_factory):
     """The one-process run every distributed run here is compared against (one thread,
     as each torchrun worker: the same kernels)."""
-    root = tmp_path_factory.mktemp("reference")
-    data = write_char_dataset(root / "data").parent
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert train.main(tiny_args(data, root / "one", **ARGS)) == 0
-    finally:
-        torch.set_num_threads(threads)
-    return root
+    return one_process_run(tmp_path_factory.mktemp("reference"), **ARGS)
 
 
 def node_folders(tmp_path, reference):

@@ -18,11 +18,9 @@ import sys
 import time
 
 import pytest
-import torch
 
-import train
 from gptkit.checkpoint import load_checkpoint
-from train_helpers import REPO, losses_by_iter, read_metrics, subprocess_env, tiny_args, write_char_dataset
+from train_helpers import REPO, one_process_run, losses_by_iter, read_metrics, subprocess_env, tiny_args
 
 # dropout 0: each rank draws its own masks, so only without dropout can 2 ranks equal one process.
 ARGS = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, gradient_accumulation_steps=2,
@@ -32,15 +30,7 @@ ARGS = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, gradien
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The uninterrupted run, in one process at one thread (each worker's kernels)."""
-    root = tmp_path_factory.mktemp("restarts")
-    data = write_char_dataset(root / "data").parent
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert train.main(tiny_args(data, root / "one", **ARGS)) == 0
-    finally:
-        torch.set_num_threads(threads)
-    return root
+    return one_process_run(tmp_path_factory.mktemp("restarts"), **ARGS)
 
 
 def killed_from_outside(tmp_path, data, faults):
