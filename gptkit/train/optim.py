@@ -27,10 +27,12 @@ def lr_scale(step, cfg, progress=None):
     over `warmup_iters`, then by `lr_schedule`:
       cosine   - cosine decay to min_lr / learning_rate at `lr_decay_iters`, that after;
       constant - 1 after the warmup;
-      wsd      - warmup, stable at 1, then a linear cooldown to min_lr / learning_rate
-                 over the last `cooldown_frac` of `lr_decay_iters` (Hägele et al.
-                 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed
-                 Training Durations").
+      wsd      - warmup, stable at 1, then a cooldown to min_lr / learning_rate over
+                 the last `cooldown_frac` of `lr_decay_iters`, shaped by `cooldown_shape`:
+                 linear, or 1-sqrt (1 - sqrt(f) of the way down at a share f of the
+                 cooldown: it stays high longer, then drops; Hägele et al. 2024,
+                 "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
+                 Durations", found it better than linear).
     """
     if not cfg.decay_lr:
         return 1.0
@@ -48,6 +50,8 @@ def lr_scale(step, cfg, progress=None):
         if step < cooldown_start:
             return 1.0
         frac = (step - cooldown_start) / max(cfg.lr_decay_iters - cooldown_start, 1e-9)
+        if cfg.cooldown_shape == "1-sqrt":
+            frac = math.sqrt(frac)
         return 1.0 + frac * (floor - 1.0)
     assert cfg.lr_schedule == "cosine", cfg.lr_schedule
     frac = (step - cfg.warmup_iters) / max(cfg.lr_decay_iters - cfg.warmup_iters, 1)

@@ -23,6 +23,7 @@ MAX_MICRO_BATCH_TOKENS = 2**31  # beyond int32 indexing, and beyond any machine'
 MAX_EVAL_WINDOWS = 10_000_000  # their start offsets alone would take 80 MB
 CHOICES = {
     "lr_schedule": ("cosine", "constant", "wsd"),
+    "cooldown_shape": ("linear", "1-sqrt"),
     "optimizer": ("adamw", "muon"),
     "dtype": ("auto", *DTYPES),
     "backend": ("auto", "nccl", "gloo"),

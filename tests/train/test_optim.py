@@ -8,13 +8,13 @@ import torch
 
 from gptkit.train import optim
 from model import GPT, GPTConfig
-from train import set_lr
+from train import TrainConfig, set_lr
 
 
 def cfg(**kw):
     base = dict(learning_rate=1e-3, min_lr=1e-4, decay_lr=True, warmup_iters=10, lr_decay_iters=100,
                 lr_schedule="cosine", cooldown_frac=0.2, weight_decay=0.1, beta1=0.9, beta2=0.95,
-                optimizer="adamw", muon_lr=0.02, muon_momentum=0.95, muon_nesterov=True, muon_ns_steps=5)
+                optimizer="adamw", muon_lr=0.02, muon_momentum=0.95, muon_nesterov=True, muon_ns_steps=5, cooldown_shape="linear")
     base.update(kw)
     return types.SimpleNamespace(**base)
 
@@ -37,6 +37,22 @@ def test_constant_wsd_and_no_decay():
     assert optim.lr_at(90, w) == pytest.approx((1e-3 + 1e-4) / 2)  # linear cooldown
     assert optim.lr_at(100, w) == optim.lr_at(150, w) == 1e-4
     assert [optim.lr_at(s, cfg(decay_lr=False)) for s in (0, 5, 500)] == [1e-3] * 3
+
+
+def test_wsd_one_minus_sqrt_cooldown():
+    """Hägele et al.'s 1-sqrt cooldown: at a share f of the cooldown the rate is
+    peak - sqrt(f) * (peak - floor), written out here, and it ends where linear does."""
+    w = cfg(lr_schedule="wsd", cooldown_frac=0.2, cooldown_shape="1-sqrt")
+    assert optim.lr_at(80, w) == 1e-3
+    for step in (81, 85, 90, 95, 99):
+        f = (step - 80) / 20
+        assert optim.lr_at(step, w) == pytest.approx(1e-3 - f ** 0.5 * (1e-3 - 1e-4))
+    assert optim.lr_at(85, w) < optim.lr_at(85, cfg(lr_schedule="wsd", cooldown_frac=0.2))
+    assert optim.lr_at(100, w) == 1e-4
+    # a time budget's progress drives it the same way
+    assert optim.lr_scale(50, w, progress=0.85) == pytest.approx(1 - 0.25 ** 0.5 * 0.9)
+    with pytest.raises(ValueError, match="cooldown_shape"):
+        TrainConfig(cooldown_shape="sqrt")
 
 
 def tiny_model():
