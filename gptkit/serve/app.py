@@ -14,10 +14,13 @@ when a client leaves (watch_disconnect).
 """
 
 import asyncio
+import contextlib
+import functools
 import hmac
 import json
 import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -93,21 +96,84 @@ def worker_error(value):
     return ApiError(status, message, type=api.ERROR_TYPES.get(status, "server_error"), code=code)
 
 
-class Events:
-    """One job's events, handed from the worker thread to this request's task. Every
-    job ends with a "done" or an "error" event, also when its client left."""
+class Mailbox:
+    """Events on their way from the worker thread to the event loop.
+
+    Both threads run Python, which one thread at a time may do (the GIL): a loop that
+    wakes for every token a step makes, and a worker that steps on while the loop
+    writes, hand the GIL back and forth at every system call and tensor operation,
+    and each hand-over costs more than the work between (measured on 16 streams of the
+    chat recipe's model: most of a step's time). So the threads take turns: during a
+    step (`step()`, around it in the worker) the events wait here; after it they reach
+    their queues in one wake-up of the loop, whose streams write them, and the worker
+    waits for that (at most `HAND_OVER_S`) before its next step. Events posted outside
+    a step (a request's start, a cancel) wake the loop at once."""
+
+    HAND_OVER_S = 0.5  # past this the worker steps on anyway (a loop busy elsewhere, or stopped)
 
     def __init__(self, loop):
-        self.loop, self.queue = loop, asyncio.Queue()
+        self.loop, self.lock = loop, threading.Lock()
+        self.posted = []  # what drain() runs in the loop: events for their queues, in order
+        self.waking = False  # a drain is scheduled and has not run yet
+        self.stepping = False  # the worker is in a step: posts wait for its end
+
+    def post(self, queue, event):  # from any thread
+        with self.lock:
+            self.posted.append(functools.partial(queue.put_nowait, event))
+            if self.stepping or self.waking:
+                return
+            self.waking = True
+        self.wake()
+
+    def wake(self):
+        try:
+            self.loop.call_soon_threadsafe(self.drain)
+            return True
+        except RuntimeError:
+            return False  # the loop has closed: the server is gone, nobody is listening
+
+    def drain(self):  # in the loop
+        with self.lock:
+            posted, self.posted, self.waking = self.posted, [], False
+        for action in posted:
+            action()
+
+    @contextlib.contextmanager
+    def step(self):
+        """Around one step of the worker, in its thread."""
+        with self.lock:
+            self.stepping = True
+        try:
+            yield
+        finally:
+            written = threading.Event()
+            with self.lock:
+                self.stepping = False
+                # After the queues are filled, the streams woken by them write before this
+                # runs: the loop runs its callbacks in the order they were scheduled.
+                self.posted.append(functools.partial(self.loop.call_soon, written.set))
+                waking, self.waking = self.waking, True
+            if (waking or self.wake()) and self.loop.is_running():
+                written.wait(self.HAND_OVER_S)
+
+
+class Events:
+    """One job's events, handed from the worker thread to this request's task through
+    the loop's Mailbox. Every job ends with a "done" or an "error" event, also when
+    its client left."""
+
+    def __init__(self, mailbox):
+        self.mailbox, self.queue = mailbox, asyncio.Queue()
 
     def emit(self, kind, value):  # called by the worker thread
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, value))
-        except RuntimeError:
-            pass  # the loop has closed: the server is gone, nobody is listening
+        self.mailbox.post(self.queue, (kind, value))
 
     async def next(self):
         return await self.queue.get()
+
+    def waiting(self):
+        """Whether next() would wait: no event is here yet."""
+        return self.queue.empty()
 
 
 def watch_disconnect(request, job):
@@ -124,9 +190,15 @@ def watch_disconnect(request, job):
     return asyncio.ensure_future(watch())
 
 
+SEND = object()  # what `chunks` yields before it waits: the events so far go out now
+
+
 class EventStream:
-    """A server-sent events response written from a job's events. A send that fails
-    (the client left) cancels the job at once, as the disconnect watcher does."""
+    """A server-sent events response written from a job's events. The events made
+    while the loop was busy go out in one write (one system call, where a server behind
+    on 16 streams would make one per token each); the events themselves are the same.
+    A send that fails (the client left) cancels the job at once, as the disconnect
+    watcher does."""
 
     def __init__(self, chunks, job, watcher):
         self.chunks, self.job, self.watcher = chunks, job, watcher
@@ -136,10 +208,14 @@ class EventStream:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
                                     (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
+            body = []
             async for data in self.chunks:
-                text = data if isinstance(data, str) else json.dumps(data)
-                await send({"type": "http.response.body", "body": f"data: {text}\n\n".encode(), "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if data is not SEND:
+                    body.append(f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n")
+                elif body:
+                    await send({"type": "http.response.body", "body": "".join(body).encode(), "more_body": True})
+                    body = []
+            await send({"type": "http.response.body", "body": "".join(body).encode(), "more_body": False})
         except (OSError, ClientDisconnect):
             pass  # the client left mid-stream
         finally:
@@ -150,6 +226,13 @@ class EventStream:
 def build_app(state):
     """The Starlette app. `state` holds cfg, worker, tokenizer, model_name, chat (turn ids or None), block_size."""
     cfg = state.cfg
+    mailboxes = {}  # one per event loop (a test client may run the app in several)
+
+    def mailbox(loop):
+        if loop not in mailboxes:
+            mailboxes[loop] = Mailbox(loop)
+            state.worker.stepping = mailboxes[loop].step
+        return mailboxes[loop]
 
     def authorize(request):
         if not state.api_key:
@@ -212,7 +295,7 @@ def build_app(state):
         if job.n > state.worker.max_batch:
             raise ApiError(400, f"n={job.n} is more than the {state.worker.max_batch} replies this server generates "
                            "at once (--max_batch)", param="n")
-        events = Events(asyncio.get_running_loop())
+        events = Events(mailbox(asyncio.get_running_loop()))
         job.emit = events.emit
         try:
             state.worker.submit(job)
@@ -246,6 +329,8 @@ def build_app(state):
                     if chat else api.completion_chunk(rid, name, "", index=index, gptkit=gptkit)
             offsets = [0] * job.n
             while True:
+                if events.waiting():
+                    yield SEND
                 what, value = await events.next()
                 if what == "text":
                     i, text, entries = value["index"], value["text"], value["logprobs"]
