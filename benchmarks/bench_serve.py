@@ -21,11 +21,13 @@ advances one token a step, through model.py's forward and BatchKVCache), so the 
 rate grows with the streams; the rows "generate_stream, one batch of equal prompts"
 are sample.py's own step (NumPy on a CPU) on one batch of identical prompts, no server:
 a ceiling to compare with.
-Everything runs at one thread (OMP_NUM_THREADS=1, as bench.py gpt2_cpu): serve.py's
-worker beside its own HTTP thread and the clients on a few cores, and llama-cpp-python's
-server generates at its default of cpu_count // 2 threads (1 on two vCPUs). At two
-threads on two vCPUs the worker's second thread only contends: a 16-row step of the
-chat model took 1.6x the server CPU per token that one thread takes (benchmarks/LOG.md).
+serve.py runs at one thread by default (OMP_NUM_THREADS=1, as bench.py gpt2_cpu; --threads
+N for more): its worker shares the cores with its own HTTP thread and the clients, and
+llama-cpp-python's server generates at its default of cpu_count // 2 threads (1 on two
+vCPUs). On two vCPUs a second thread of torch's and NumPy's BLAS only contends with
+those: `--threads 2` gives the chat model's 16 streams more server CPU per token
+(benchmarks/LOG.md). The last column, the server's CPU time per token, changes less than
+wall time on a shared machine.
 Run it alone on the machine: other load changes every figure.
 """
 
@@ -57,6 +59,8 @@ def add_arguments(parser):
     parser.add_argument("--new_tokens", type=int, default=48, help="tokens per reply (default 48)")
     parser.add_argument("--out_dir", default="out-chat-arithmetic", help="where the trained chat model is looked for")
     parser.add_argument("--streams", default="1,4,16", help="concurrencies, comma-separated (default 1,4,16)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="OMP_NUM_THREADS of serve.py and of the no-server rows (default 1)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="loads per concurrency; the fastest is reported (default 3)")
     parser.add_argument("--models", default="chat,gpt2",
@@ -138,8 +142,8 @@ def wait_ready(proc, pattern, timeout=300):
     raise RuntimeError("server did not start: " + "".join(lines[-5:]))
 
 
-def start_serve(ckpt):
-    env = dict(os.environ)
+def start_serve(ckpt, threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     env.pop("GPT_FAULTS", None)
     env.pop("GPTKIT_API_KEY", None)
     proc = subprocess.Popen([sys.executable, str(REPO / "serve.py"), f"--ckpt={ckpt}", "--port=0", "--device=cpu",
@@ -182,16 +186,29 @@ def one_stream(port, content, new_tokens):
     return first or float("nan"), tokens if tokens is not None else pieces, time.perf_counter() - t0
 
 
-def load(port, streams, new_tokens):
-    """(median TTFT, slowest TTFT, tokens per wall second over all streams, tokens per stream)."""
+def cpu_seconds(pid):
+    """User + system CPU seconds of process `pid` so far (Linux's /proc), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def load(port, streams, new_tokens, pid=None):
+    """(median TTFT, slowest TTFT, tokens per wall second over all streams, tokens per stream,
+    (the server's CPU seconds meanwhile or None, tokens))."""
     one_stream(port, "What is 1+2?", 4)
+    cpu0 = cpu_seconds(pid)
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
         results = list(pool.map(lambda i: one_stream(port, f"What is {i}+{i + 1}?", new_tokens), range(streams)))
     wall = time.perf_counter() - t0
+    cpu1 = cpu_seconds(pid)
     ttft = [r[0] for r in results]
     tokens = sum(r[1] for r in results)
-    return statistics.median(ttft), max(ttft), tokens / wall, tokens / streams
+    cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+    return statistics.median(ttft), max(ttft), tokens / wall, tokens / streams, (cpu, tokens)
 
 
 def run(args):
@@ -199,7 +216,14 @@ def run(args):
     from benchmarks.report import Table
     from gptkit.errors import UserError
 
-    in_one_thread("serve")  # bench.py runs again with OMP_NUM_THREADS=1, which the servers inherit
+    if args.threads < 1:
+        raise UserError(f"--threads {args.threads}: give at least 1")
+    if args.threads == 1:
+        in_one_thread("serve")  # bench.py runs again with OMP_NUM_THREADS=1 (NumPy's BLAS reads it at import)
+    else:
+        import torch
+
+        torch.set_num_threads(args.threads)
     counts = [1, 2] if args.quick else [int(s) for s in args.streams.split(",")]
     repeats = 1 if args.quick else args.repeats
     if repeats < 1:
@@ -208,15 +232,18 @@ def run(args):
     table = Table(
         f"serve.py: concurrent streamed chat replies, {new_tokens} tokens each, CPU",
         ["model", "server", "streams", "TTFT median (s)", "TTFT slowest (s)", "tokens/s, all streams",
-         "tokens per reply"],
+         "tokens per reply", "server CPU ms per token"],
         note=f"Greedy replies through /v1/chat/completions with stream=true, all started at once, the fastest of "
              f"{repeats} such loads; TTFT: the request sent to its first content chunk; tokens/s: the replies' "
-             "completion tokens over the wall time of the batch. serve.py batches the streams continuously; llama-cpp-python's server runs one request at "
-             "a time. One thread (OMP_NUM_THREADS=1); llama-cpp-python's server at its default threads.",
+             "completion tokens over the wall time of the batch; server CPU ms per token: the server process's "
+             "user + system CPU time over its tokens, all loads together (a shared machine stretches wall time "
+             "more than CPU time). serve.py batches the streams continuously; llama-cpp-python's server runs one "
+             f"request at a time. serve.py and the no-server rows at OMP_NUM_THREADS={args.threads}; "
+             "llama-cpp-python's server at its default threads.",
     )
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as work:
         for label, ckpt, source in models(args, Path(work)):
-            servers = [("serve.py", lambda: start_serve(ckpt))]
+            servers = [("serve.py", lambda: start_serve(ckpt, args.threads))]
             if not args.no_llama_cpp and not args.quick:
                 gguf = export_gguf(ckpt, Path(work))
                 if isinstance(gguf, str):
@@ -225,15 +252,18 @@ def run(args):
                     servers.append(("llama-cpp-python server (f32 GGUF)", lambda: start_llama_cpp(gguf, 1024)))
             for streams in counts:  # the ceiling batching could reach: one batch of equal prompts, no server
                 table.add_row(f"{label} ({source})", "generate_stream, one batch of equal prompts (no server)",
-                              streams, "-", "-", round(batched_rate(ckpt, streams, new_tokens), 1), new_tokens)
+                              streams, "-", "-", round(batched_rate(ckpt, streams, new_tokens), 1), new_tokens, "-")
             for name, start in servers:
                 proc, port = start()
                 try:
                     for streams in counts:  # the fastest of --repeats loads: a shared machine only slows one
-                        median, slowest, rate, per = max((load(port, streams, new_tokens) for _ in range(repeats)),
-                                                         key=lambda r: r[2])
+                        runs = [load(port, streams, new_tokens, proc.pid) for _ in range(repeats)]
+                        median, slowest, rate, per, _ = max(runs, key=lambda r: r[2])
+                        cpu = [r[4] for r in runs if r[4][0] is not None]  # over all the loads: clock ticks are 10 ms
+                        per_token = f"{1e3 * sum(c for c, _ in cpu) / sum(t for _, t in cpu):.3f}" \
+                            if cpu and sum(t for _, t in cpu) else "-"
                         table.add_row(f"{label} ({source})", name, streams, round(median, 3), round(slowest, 3),
-                                      round(rate, 1), round(per, 1))
+                                      round(rate, 1), round(per, 1), per_token)
                 finally:
                     proc.terminate()
                     proc.wait(timeout=60)

@@ -15,7 +15,6 @@ when a client leaves (watch_disconnect).
 
 import asyncio
 import contextlib
-import functools
 import hmac
 import json
 import signal
@@ -97,29 +96,23 @@ def worker_error(value):
 
 
 class Mailbox:
-    """Events on their way from the worker thread to the event loop.
-
-    Both threads run Python, which one thread at a time may do (the GIL): a loop that
-    wakes for every token a step makes, and a worker that steps on while the loop
-    writes, hand the GIL back and forth at every system call and tensor operation,
-    and each hand-over costs more than the work between (measured on 16 streams of the
-    chat recipe's model: most of a step's time). So the threads take turns: during a
-    step (`step()`, around it in the worker) the events wait here; after it they reach
-    their queues in one wake-up of the loop, whose streams write them, and the worker
-    waits for that (at most `HAND_OVER_S`) before its next step. Events posted outside
-    a step (a request's start, a cancel) wake the loop at once."""
-
-    HAND_OVER_S = 0.5  # past this the worker steps on anyway (a loop busy elsewhere, or stopped)
+    """Events on their way from the worker thread to the event loop. Each
+    call_soon_threadsafe writes to the loop's wake-up socket: a system call, the loop's
+    thread woken, and Python's GIL handed over, then back to the worker. At 16 streams
+    a step makes 16 events; woken for each, the loop took most of a step's time in
+    hand-overs. So the events a step makes (`step()`, around it in the worker) wait
+    here and reach their queues in one wake-up after it; events posted outside a step
+    (a request's start, a cancel) wake the loop at once."""
 
     def __init__(self, loop):
         self.loop, self.lock = loop, threading.Lock()
-        self.posted = []  # what drain() runs in the loop: events for their queues, in order
+        self.posted = []  # (queue, event) for drain() to put, in order
         self.waking = False  # a drain is scheduled and has not run yet
         self.stepping = False  # the worker is in a step: posts wait for its end
 
     def post(self, queue, event):  # from any thread
         with self.lock:
-            self.posted.append(functools.partial(queue.put_nowait, event))
+            self.posted.append((queue, event))
             if self.stepping or self.waking:
                 return
             self.waking = True
@@ -128,33 +121,29 @@ class Mailbox:
     def wake(self):
         try:
             self.loop.call_soon_threadsafe(self.drain)
-            return True
         except RuntimeError:
-            return False  # the loop has closed: the server is gone, nobody is listening
+            pass  # the loop has closed: the server is gone, nobody is listening
 
     def drain(self):  # in the loop
         with self.lock:
             posted, self.posted, self.waking = self.posted, [], False
-        for action in posted:
-            action()
+        for queue, event in posted:
+            queue.put_nowait(event)
 
     @contextlib.contextmanager
     def step(self):
-        """Around one step of the worker, in its thread."""
+        """Around one step of the worker, in its thread: what it posts goes out after it."""
         with self.lock:
             self.stepping = True
         try:
             yield
         finally:
-            written = threading.Event()
             with self.lock:
                 self.stepping = False
-                # After the queues are filled, the streams woken by them write before this
-                # runs: the loop runs its callbacks in the order they were scheduled.
-                self.posted.append(functools.partial(self.loop.call_soon, written.set))
-                waking, self.waking = self.waking, True
-            if (waking or self.wake()) and self.loop.is_running():
-                written.wait(self.HAND_OVER_S)
+                wake = bool(self.posted) and not self.waking
+                self.waking = self.waking or wake
+            if wake:
+                self.wake()
 
 
 class Events:
