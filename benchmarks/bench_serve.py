@@ -260,8 +260,8 @@ def run(args):
                         runs = [load(port, streams, new_tokens, proc.pid) for _ in range(repeats)]
                         median, slowest, rate, per, _ = max(runs, key=lambda r: r[2])
                         cpu = [r[4] for r in runs if r[4][0] is not None]  # over all the loads: clock ticks are 10 ms
-                        per_token = f"{1e3 * sum(c for c, _ in cpu) / sum(t for _, t in cpu):.3f}" \
-                            if cpu and sum(t for _, t in cpu) else "-"
+                        seconds, tokens = sum(c for c, _ in cpu), sum(t for _, t in cpu)
+                        per_token = f"{1e3 * seconds / tokens:.3f}" if seconds and tokens else "-"  # 0: under a tick
                         table.add_row(f"{label} ({source})", name, streams, round(median, 3), round(slowest, 3),
                                       round(rate, 1), round(per, 1), per_token)
                 finally:
