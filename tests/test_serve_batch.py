@@ -4,6 +4,7 @@ generate_samples (sample.py's loop, model.py's plain KVCache, one request alone)
 
 import dataclasses
 import threading
+import time
 
 import pytest
 import torch
@@ -162,3 +163,65 @@ def test_a_reply_that_fails_mid_batch_ends_alone_and_the_others_go_on(loaded, ca
     for job, (events, _) in zip(good, (gathered[0], gathered[2])):
         assert events[-1][0] == "done" and texts(events)[0] == alone(model, tokenizer, job, worker)
     assert worker.busy() == 0
+
+
+@pytest.fixture
+def running_loop():
+    """An asyncio loop running in a thread of its own, as uvicorn's is beside the worker;
+    its call_soon_threadsafe counted (each is a wake-up of the loop)."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    wakes = []
+    plain = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *a: (wakes.append(a), plain(*a))[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop, wakes
+    plain(loop.stop)
+    thread.join(5)
+    loop.close()
+
+
+def arrived(queues, sizes, timeout=5):
+    deadline = time.monotonic() + timeout
+    while [q.qsize() for q in queues] != sizes and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return [q.qsize() for q in queues] == sizes
+
+
+def test_a_steps_events_reach_their_queues_after_it_in_one_wake_up(running_loop):
+    import asyncio
+
+    from gptkit.serve.app import Mailbox
+
+    loop, wakes = running_loop
+    box = Mailbox(loop)
+    queues = [asyncio.Queue() for _ in range(16)]
+    with box.step():  # the worker's thread, as Worker._loop runs it
+        for i, queue in enumerate(queues):
+            box.post(queue, ("text", i))
+            box.post(queue, ("done", i))
+        time.sleep(0.05)  # a loop free to run would have had time to take them
+        assert all(q.empty() for q in queues), "events reached the loop during the step"
+    assert arrived(queues, [2] * 16)
+    assert [(q.get_nowait(), q.get_nowait()) for q in queues] == [(("text", i), ("done", i)) for i in range(16)]
+    assert len(wakes) == 1
+    with box.step():  # a step that made no event: no wake-up
+        pass
+    box.post(queues[0], ("error", "cancelled"))  # outside a step (a cancel): at once
+    assert arrived(queues[:1], [1]) and queues[0].get_nowait() == ("error", "cancelled")
+    assert len(wakes) == 2
+
+
+def test_events_for_a_loop_that_has_closed_are_dropped_quietly():
+    import asyncio
+
+    from gptkit.serve.app import Mailbox
+
+    loop = asyncio.new_event_loop()
+    loop.close()  # the server has stopped: nobody is listening
+    box = Mailbox(loop)
+    box.post(asyncio.Queue(), ("error", "cancelled"))
+    with box.step():
+        box.post(asyncio.Queue(), ("text", 0))

@@ -20,6 +20,7 @@ Each job's events come back through `emit(kind, value)`, called from this thread
 """
 
 import collections
+import contextlib
 import dataclasses
 import sys
 import threading
@@ -82,6 +83,9 @@ class Worker:
         self.delay = faults.token_delay()  # test-only: 0 unless GPT_FAULTS=token_delay=S
         self.plain_stops = end_of_text(tokenizer) + sorted(turns.values())
         self.thread = threading.Thread(target=self._loop, name="generation", daemon=True)
+        # Around each step: serve's app sets its Mailbox.step, so that a step's events go to
+        # the HTTP side together, after it (gptkit/serve/app.py says why).
+        self.stepping = contextlib.nullcontext
 
     def start(self):
         self.thread.start()
@@ -148,19 +152,24 @@ class Worker:
             for job in [j for j in self.running if j.cancelled.is_set()]:
                 self._finish(job, "error", CANCELLED)
             if len(self.batch):
-                try:
-                    finished = self.batch.step()
-                except Exception as e:  # the batch's forward failed (a bug, out of memory): every job ends
-                    traceback.print_exc(file=sys.stderr)
-                    for job in list(self.running):
-                        self._finish(job, "error", (500, f"generation failed: {first_line(e)}", "server_error"))
-                    continue
-                for row in finished:
-                    self._row_done(row)
+                with self.stepping():
+                    self._step()
                 if self.delay:
                     time.sleep(self.delay)
         for job in list(self.running) + list(self.queue):
             self._finish(job, "error", CANCELLED)
+
+    def _step(self):
+        """One new token for every row; the jobs whose rows are all done end."""
+        try:
+            finished = self.batch.step()
+        except Exception as e:  # the batch's forward failed (a bug, out of memory): every job ends
+            traceback.print_exc(file=sys.stderr)
+            for job in list(self.running):
+                self._finish(job, "error", (500, f"generation failed: {first_line(e)}", "server_error"))
+            return
+        for row in finished:
+            self._row_done(row)
 
     def _guarded(self, job, action, *args):
         """action(job, *args); a mistake in the request or a bug ends this job alone."""
