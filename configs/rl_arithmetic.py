@@ -13,7 +13,8 @@
 # Why this start and these sizes (benchmarks/LOG.md): from a 120-step SFT (5% right) most
 # groups earn no reward at all and the updates are mostly noise (+5.5 points); from 200 steps a
 # sampled reply is right ~20-25% of the time, so most groups hold right and wrong replies
-# to tell apart. 32 prompts x 16 replies a step (8 x 8 gained 5.5 points in 300 steps, falling to 31% on the way).
+# to tell apart. 32 prompts x 16 replies a step (8 x 8 gained 5.5 points in 300 steps,
+# falling to 31% on the way).
 
 method = "grpo"
 init_from = "out-chat-arithmetic-200"
