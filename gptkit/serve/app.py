@@ -331,9 +331,11 @@ def build_app(state):
                     if chat else api.completion_chunk(rid, name, "", index=index, gptkit=gptkit)
             offsets = [0] * job.n
             text_chunk = api.TextChunks(rid, name, chat)
+            first = True  # the opening chunks go out with the first token's: one write, not two
             while True:
-                if events.waiting():
+                if events.waiting() and not first:
                     yield SEND
+                first = False
                 what, value = await events.next()
                 if what == "text":  # as api.chat_chunk / completion_chunk, encoded from a template
                     i, text, entries = value["index"], value["text"], value["logprobs"]
@@ -437,7 +439,8 @@ def run_server(app, state, sock, on_ready=None):
     protocol = timed_protocol(state.cfg.request_timeout, connection_limit())  # gptkit/serve/guard.py
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
                             lifespan="off", h11_max_incomplete_event_size=64 * 1024, http=protocol,
-                            timeout_keep_alive=KEEP_ALIVE_S, backlog=LISTEN_BACKLOG)
+                            timeout_keep_alive=KEEP_ALIVE_S, backlog=LISTEN_BACKLOG,
+                            proxy_headers=False)  # nothing reads X-Forwarded-*: one middleware less per request
     server = Server(config)
     server.run(sockets=[sock])
     return server
