@@ -374,3 +374,24 @@ def test_clients_that_leave_waiting_or_running_without_streaming_free_their_plac
     assert status == 400 and "--max_batch" in reply["error"]["message"] and reply["error"]["param"] == "n"
 
 
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_a_streams_text_chunks_are_the_bytes_of_json_dumps_of_its_chunk_objects(chat):
+    """api.TextChunks encodes only the text, time and log-probabilities per token; every
+    chunk must still be what json.dumps of api.chat_chunk / completion_chunk gives."""
+    from gptkit.serve import api
+
+    rid, model = 'chatcmpl-"\\x', "m\u00e9del \u2028\n"
+    chunks = api.TextChunks(rid, model, chat)
+    logprobs = [None, [], api.chat_logprobs([("\u00e9", -0.123456789, [("a", -1e-9), ("\"", -30.5)])]),
+                api.completion_logprobs([("\n", -2.0, [("b", -0.5)])], 7)]
+    for text in ["", "7", 'say "hi"\\ \t\x00\x7f', "\u00e9\u4e2d\ud83d\ude00", "\U0001f600", " " * 40]:
+        for index in (0, 15):
+            for lp in logprobs:
+                fields = dict(index=index, logprobs=lp)
+                expected = (api.chat_chunk(rid, model, {"content": text}, **fields) if chat
+                            else api.completion_chunk(rid, model, text, **fields))
+                got = chunks(index, text, lp)
+                expected["created"] = json.loads(got)["created"]  # a second may have passed between
+                assert got == json.dumps(expected)

@@ -22,6 +22,7 @@ What we do beyond or short of OpenAI, said once here (docs/serve.md says it for 
 """
 
 import dataclasses
+import json
 import secrets
 import time
 
@@ -250,6 +251,25 @@ def completion_chunk(rid, model, text, finish_reason=None, index=0, logprobs=Non
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [{"index": index, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}],
             **more}
+
+
+
+class TextChunks:
+    """A stream's text chunks as JSON text: json.dumps of chat_chunk(rid, model, {"content":
+    text}, index=i, logprobs=lp) (or of completion_chunk(rid, model, text, ...)), byte for
+    byte, with only the text, the time and the log-probabilities encoded per token: the
+    rest of the object is the same in every chunk of a stream, so it is encoded once."""
+
+    def __init__(self, rid, model, chat):
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        self.head = json.dumps({"id": rid, "object": kind})[:-1] + ', "created": '
+        self.middle = ', "model": ' + json.dumps(model) + ', "choices": [{"index": '
+        self.field = ', "delta": {"content": ' if chat else ', "text": '
+        self.close = '}, "finish_reason": null, "logprobs": ' if chat else ', "finish_reason": null, "logprobs": '
+
+    def __call__(self, index, text, logprobs=None):
+        return (f"{self.head}{int(time.time())}{self.middle}{index}{self.field}{json.dumps(text)}"
+                f"{self.close}{json.dumps(logprobs)}}}]}}")
 
 
 # --- the fields that choose how many replies and what comes with them (check_choices) ---

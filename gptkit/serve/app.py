@@ -14,6 +14,7 @@ when a client leaves (watch_disconnect).
 """
 
 import asyncio
+import collections
 import contextlib
 import hmac
 import json
@@ -149,20 +150,32 @@ class Mailbox:
 class Events:
     """One job's events, handed from the worker thread to this request's task through
     the loop's Mailbox. Every job ends with a "done" or an "error" event, also when
-    its client left."""
+    its client left. (A deque and one future, not an asyncio.Queue: a step's events
+    for a stream reach it in one wake-up, and are then taken without awaiting.)"""
 
     def __init__(self, mailbox):
-        self.mailbox, self.queue = mailbox, asyncio.Queue()
+        self.mailbox, self.items, self.waiter = mailbox, collections.deque(), None
 
     def emit(self, kind, value):  # called by the worker thread
-        self.mailbox.post(self.queue, (kind, value))
+        self.mailbox.post(self, (kind, value))
+
+    def put_nowait(self, event):  # in the loop: Mailbox.drain
+        self.items.append(event)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
     async def next(self):
-        return await self.queue.get()
+        while not self.items:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return self.items.popleft()
 
     def waiting(self):
         """Whether next() would wait: no event is here yet."""
-        return self.queue.empty()
+        return not self.items
 
 
 def watch_disconnect(request, job):
@@ -317,18 +330,19 @@ def build_app(state):
                 yield api.chat_chunk(rid, name, {"role": "assistant", "content": ""}, index=index, gptkit=gptkit) \
                     if chat else api.completion_chunk(rid, name, "", index=index, gptkit=gptkit)
             offsets = [0] * job.n
+            text_chunk = api.TextChunks(rid, name, chat)
+            first = True  # the opening chunks go out with the first token's: one write, not two
             while True:
-                if events.waiting():
+                if events.waiting() and not first:
                     yield SEND
+                first = False
                 what, value = await events.next()
-                if what == "text":
+                if what == "text":  # as api.chat_chunk / completion_chunk, encoded from a template
                     i, text, entries = value["index"], value["text"], value["logprobs"]
                     if chat:
-                        yield api.chat_chunk(rid, name, {"content": text}, index=i,
-                                             logprobs=entries and api.chat_logprobs(entries))
+                        yield text_chunk(i, text, entries and api.chat_logprobs(entries))
                     else:
-                        yield api.completion_chunk(rid, name, text, index=i,
-                                                   logprobs=entries and api.completion_logprobs(entries, offsets[i]))
+                        yield text_chunk(i, text, entries and api.completion_logprobs(entries, offsets[i]))
                         offsets[i] += sum(len(t) for t, _, _ in entries or ())
                 elif what == "error":
                     yield worker_error(value).body()
@@ -425,7 +439,8 @@ def run_server(app, state, sock, on_ready=None):
     protocol = timed_protocol(state.cfg.request_timeout, connection_limit())  # gptkit/serve/guard.py
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
                             lifespan="off", h11_max_incomplete_event_size=64 * 1024, http=protocol,
-                            timeout_keep_alive=KEEP_ALIVE_S, backlog=LISTEN_BACKLOG)
+                            timeout_keep_alive=KEEP_ALIVE_S, backlog=LISTEN_BACKLOG,
+                            proxy_headers=False)  # nothing reads X-Forwarded-*: one middleware less per request
     server = Server(config)
     server.run(sockets=[sock])
     return server

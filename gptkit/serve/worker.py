@@ -55,10 +55,13 @@ class Job:
     cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
     on_cancel: object = None  # set by Worker.submit
     rows: list = dataclasses.field(default_factory=list)
+    ended: bool = False  # its place is freed and its last event sent: nothing left to stop
 
     def cancel(self):
-        """The client left, or the server is stopping: stop generating and free the place now."""
-        if not self.cancelled.is_set():
+        """The client left, or the server is stopping: stop generating and free the place now.
+        A job that has ended is left alone (every reply's end calls this too: the worker
+        is not woken for it)."""
+        if not self.ended and not self.cancelled.is_set():
             self.cancelled.set()
             if self.on_cancel is not None:
                 self.on_cancel(self)
@@ -133,6 +136,7 @@ class Worker:
             self.admitted.discard(job)
             self.running.discard(job)
         self.batch.drop(set(job.rows))
+        job.ended = True
         job.emit(kind, value)
 
     def _loop(self):
