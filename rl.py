@@ -3,7 +3,7 @@ GRPO, as nanochat's scripts/chat_rl.py) or DPO on preference pairs, from a chat 
 
     python rl.py configs/rl_arithmetic.py                        # GRPO on sums, offline, CPU
     python rl.py configs/rl_arithmetic.py --init_from=resume     # continue out_dir/ckpt.pt
-    python rl.py configs/dpo_arithmetic.py                       # DPO on right vs wrong sums
+    python rl.py configs/rl_dpo_arithmetic.py                    # DPO on right vs wrong sums
     torchrun --standalone --nproc_per_node=2 rl.py configs/rl_arithmetic.py
 
 GRPO: every step takes prompts_per_step prompts; for each, the model samples

@@ -5,7 +5,7 @@
 #
 #   python prepare.py arithmetic_chat
 #   python train.py configs/chat_arithmetic.py --max_iters=200 --out_dir=out-chat-arithmetic-200
-#   python rl.py configs/dpo_arithmetic.py
+#   python rl.py configs/rl_dpo_arithmetic.py
 #
 # Measured (benchmarks/LOG.md, 2026-12-06, ~35 CPU s each): on 400 held-out pairs the reward
 # margin rose from 0 to 0.2529 with 74.5% of pairs ranked right at beta 0.5; held-out pass@1
