@@ -253,7 +253,6 @@ def completion_chunk(rid, model, text, finish_reason=None, index=0, logprobs=Non
             **more}
 
 
-
 class TextChunks:
     """A stream's text chunks as JSON text: json.dumps of chat_chunk(rid, model, {"content":
     text}, index=i, logprobs=lp) (or of completion_chunk(rid, model, text, ...)), byte for
