@@ -20,8 +20,10 @@
 # overfit (a budget alone: 4666 steps, best 1.5243); regularised, the extra steps pay:
 # Muon's weight decay 0.05 reached 1.4893 in 4505 steps, residual dropout 0.1 alone
 # 1.4931, both 1.4912 (dropout's +10% a step bought fewer steps: 4175), and weight
-# decay 0.1 (this config) 1.4752 and 1.4694 on two seeds (4189 and 4600 steps). The
-# run ends at max_iters or when
+# decay 0.1 1.4752 and 1.4694 on two seeds (4189 and 4600 steps). On 2026-12-06, alone on
+# an AMD EPYC (~290 ms a step), the 1-sqrt cooldown (cooldown_shape; Hägele et al. 2024: the
+# rate stays high longer, then drops) scored 1.4641 and 1.4653 on seeds 1337 and 1 (4013 and
+# 3924 steps; this config). The run ends at max_iters or when
 # time_budget = 1160 CPU s of the process (evaluations left out) are spent, whichever
 # comes first, the decay following whichever share is further along; the 40 s left of
 # 1200 pay for its evaluations (each ~5 s). With two threads it takes about as long in
@@ -58,6 +60,7 @@ max_iters = 4600  # or the budget, if spent first (4189-4600 steps on a 250 ms d
 lr_schedule = "wsd"
 warmup_iters = 40
 cooldown_frac = 0.5
+cooldown_shape = "1-sqrt"
 min_lr = 0.0
 
 # Every evaluation scores the whole validation split (eval_iters = 0): at 0, every 1500
