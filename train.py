@@ -131,7 +131,8 @@ class TrainConfig:
     min_lr: float = setting(6e-5, "final learning rate (usually learning_rate / 10)")
     cooldown_frac: float = setting(0.2, "wsd: share of lr_decay_iters spent decaying to min_lr")
     cooldown_shape: str = setting("linear", "wsd: the cooldown's shape: linear | 1-sqrt (down "
-                                  "by sqrt of the cooldown's share: high longer, then a drop)")
+                                  "by sqrt of the cooldown's share: fast at first, then low "
+                                  "for longer)")
     # parallel
     backend: str = setting("auto", "DDP backend: auto (nccl on CUDA, gloo on CPU) | nccl | gloo")
     parallel: str = setting("ddp", "under torchrun: ddp (a full copy per rank) | fsdp (weights, "

@@ -21,9 +21,9 @@
 # Muon's weight decay 0.05 reached 1.4893 in 4505 steps, residual dropout 0.1 alone
 # 1.4931, both 1.4912 (dropout's +10% a step bought fewer steps: 4175), and weight
 # decay 0.1 1.4752 and 1.4694 on two seeds (4189 and 4600 steps). On 2026-12-06, alone on
-# an AMD EPYC (~290 ms a step), the 1-sqrt cooldown (cooldown_shape; Hägele et al. 2024: the
-# rate stays high longer, then drops) scored 1.4641 and 1.4653 on seeds 1337 and 1 (4013 and
-# 3924 steps; this config). The run ends at max_iters or when
+# an AMD EPYC (~290 ms a step), the 1-sqrt cooldown (cooldown_shape; Hägele et al. 2024:
+# the rate falls fast at first, then lingers low) scored 1.4641 and 1.4653 on seeds 1337
+# and 1 (4013 and 3924 steps; this config). The run ends at max_iters or when
 # time_budget = 1160 CPU s of the process (evaluations left out) are spent, whichever
 # comes first, the decay following whichever share is further along; the 40 s left of
 # 1200 pay for its evaluations (each ~5 s). With two threads it takes about as long in

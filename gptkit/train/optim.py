@@ -30,10 +30,10 @@ def lr_scale(step, cfg, progress=None):
       wsd      - warmup, stable at 1, then a cooldown to min_lr / learning_rate over
                  the last `cooldown_frac` of `lr_decay_iters`, shaped by `cooldown_shape`:
                  linear, or 1-sqrt (sqrt(f) of the way down at a share f of the
-                 cooldown, 1 - sqrt(f) with min_lr 0: it stays high longer, then drops;
-                 Hägele et al. 2024,
-                 "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
-                 Durations", found it better than linear).
+                 cooldown, 1 - sqrt(f) with min_lr 0: it falls fast at first, then
+                 lingers near the floor; Hägele et al. 2024, "Scaling Laws and
+                 Compute-Optimal Training Beyond Fixed Training Durations", found it
+                 better than linear).
     """
     if not cfg.decay_lr:
         return 1.0
