@@ -27,8 +27,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from gptkit.prepare.shakespeare import shakespeare_input
+
 REPO = Path(__file__).resolve().parent.parent
-SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"))
+
+
+def shakespeare():
+    """Tiny Shakespeare's local copy: $TINYSHAKESPEARE, else downloaded as prepare.py does."""
+    return shakespeare_input(REPO / "data" / "shakespeare_char", None)
 
 
 def add_arguments(parser):
@@ -42,7 +48,7 @@ def add_arguments(parser):
 def make_corpus(path, size_bytes, seed=0):
     """Tiny Shakespeare's lines in a seeded shuffled order, repeated until size_bytes: BPE
     sees realistic English, while no line order repeats the whole file verbatim."""
-    lines = SHAKESPEARE.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = shakespeare().read_text(encoding="utf-8").splitlines(keepends=True)
     rng = random.Random(seed)
     written = 0
     with open(path, "w", encoding="utf-8") as f:

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.bench_prepare import SHAKESPEARE, cpu_seconds, run_child, vm_hwm_kib
+from benchmarks.bench_prepare import cpu_seconds, run_child, shakespeare, vm_hwm_kib
 from gptkit.tokenizer import EOT, GPT2_PATTERN  # light: no torch in the measured children
 
 LIBRARIES = ("tokenizers", "rustbpe")
@@ -52,7 +52,7 @@ def make_corpus(path, size_bytes, seed=0):
             written += len(text.encode("utf-8"))
             if written >= half:
                 break
-        lines = SHAKESPEARE.read_text(encoding="utf-8").splitlines(keepends=True)
+        lines = shakespeare().read_text(encoding="utf-8").splitlines(keepends=True)
         rng = random.Random(seed)
         while written < size_bytes:
             rng.shuffle(lines)

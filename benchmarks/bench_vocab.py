@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.bench_prepare import REPO, SHAKESPEARE
+from benchmarks.bench_prepare import REPO, shakespeare
 
 
 def add_arguments(parser):
@@ -93,7 +93,7 @@ def run(args):
         for label, kind, vocab in runs:
             name = f"sh_{kind}{vocab or ''}"
             folder = build.prepare_dataset(
-                [str(SHAKESPEARE)], kind, name, str(data), progress=False, vocab_size=vocab
+                [str(shakespeare())], kind, name, str(data), progress=False, vocab_size=vocab
             )
             meta = json.loads((folder / "meta.json").read_text())
             out = Path(tmp) / f"out-{name}"

@@ -4,16 +4,10 @@ the repository), markers, tiny helpers."""
 import os
 import signal
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch
-from repo import REPO
-
-SHARED_DATA = REPO.parent / "shared" / "data"
-# Relative paths (what users write) are taken from where pytest starts: tests change directory.
-SHAKESPEARE = Path(os.environ.get("TINYSHAKESPEARE", SHARED_DATA / "tinyshakespeare" / "input.txt")).absolute()
-TIKTOKEN_CACHE = SHARED_DATA / "tiktoken"
+from repo import SHAKESPEARE, TIKTOKEN_CACHE
 
 # Tiny test models are dominated by per-op overhead, and torch's thread pool makes
 # them many times slower when the cores are shared (subprocess training, DDP ranks).

@@ -70,9 +70,10 @@ def test_the_tasks_suite_scores_the_same_items_as_lm_eval(monkeypatch, tiktoken_
 
 
 @pytest.mark.slow
-def test_the_prepare_suites_parquet_table_shows_the_same_tokens_at_a_tiny_size():
+def test_the_prepare_suites_parquet_table_shows_the_same_tokens_at_a_tiny_size(shakespeare_path, monkeypatch):
     import argparse
 
+    monkeypatch.setenv("TINYSHAKESPEARE", str(shakespeare_path))
     from benchmarks import bench_prepare
 
     parser = argparse.ArgumentParser()

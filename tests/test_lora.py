@@ -166,7 +166,7 @@ def write_gpt2_token_dataset(data_dir, n=12_000, seed=0):
 
 
 @pytest.fixture
-def hf_run(tmp_path):
+def hf_run(tmp_path, tiktoken_available):
     """A LoRA run of 30 iterations on a tiny Hugging Face GPT-2 folder (GPT-2's vocabulary)."""
     base = tmp_path / "base"
     tiny_hf_gpt2(base, vocab_size=50257, embedding_std=0.5)

@@ -11,19 +11,29 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from repo import REPO
-
-SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-
+from repo import REPO, SHAKESPEARE
 
 def sample_text(n_chars=60_000):
-    """Tiny Shakespeare's first n_chars when available, else a generated text
-    with enough structure (repeated words) for a loss to fall."""
+    """Tiny Shakespeare's first n_chars when a local copy is found (repo.SHAKESPEARE), else
+    a generated stand-in of the same shape: speakers' names, lines of words, every
+    character Tiny Shakespeare uses, and enough distinct words for a BPE to learn merges."""
     if SHAKESPEARE.is_file():
         return SHAKESPEARE.read_text()[:n_chars]
-    rng = np.random.default_rng(0)
-    words = ["the ", "king ", "and ", "queen ", "of ", "rome ", "speak ", "now\n", "ROMEO: ", "JULIET: "]
-    return "".join(words[i] for i in rng.integers(0, len(words), size=n_chars // 5))[:n_chars]
+    return stand_in_text(n_chars)
+
+
+def stand_in_text(n_chars, seed=0):
+    rng = np.random.default_rng(seed)
+    syllables = ["th", "ou", "ar", "st", "en", "in", "wh", "er", "an", "ly", "ght", "ow", "qu", "iz",
+                 "ve", "ck", "ju", "ex", "ro", "me", "da", "yo", "ph", "ing", "be", "ful"]
+    words = ["".join(rng.choice(syllables, size=rng.integers(1, 4))) for _ in range(400)]
+    names = ["ROMEO", "JULIET", "KING HENRY VI", "QUEEN MARGARET", "FIRST CITIZEN", "BAPTISTA", "XAVIER", "ZOUNDS"]
+    marks = [",", ".", ";", "!", "?", ":", " -", "'s", "", "", "", ""]
+    text = "FIRST CITIZEN:\nBefore we proceed any further, hear me speak: 3 $ & jolly quiz!\n\n"
+    while len(text) < n_chars:
+        line = " ".join(rng.choice(words) + rng.choice(marks) for _ in range(rng.integers(4, 10)))
+        text += f"{rng.choice(names)}:\n{line.capitalize()}\n\n"
+    return text[:n_chars]
 
 
 def write_char_dataset(data_dir, name="tiny", text=None, val_fraction=0.1):

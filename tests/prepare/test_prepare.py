@@ -278,12 +278,18 @@ def test_lone_surrogates_in_jsonl_are_named_or_replaced(tmp_path):
     path.write_text('{"text": "fine text here"}\n{"text": "ab\\ud800cd and more words"}\n')
     args = ["--input", str(path), "--tokenizer", "char", "--name", "x"]
     assert_fails(tmp_path, args, r'd.jsonl, line 2: "text" holds a lone surrogate U\+D800 at character 2 .*--errors replace')
-    assert_fails(tmp_path, [*args[:3], "gpt2", *args[4:]], r"d.jsonl, line 2: .* lone surrogate U\+D800")
     prepare.main(args + ["--out_dir", str(tmp_path / "ok"), "--quiet", "--errors", "replace"])
     assert "".join(decode_both(tmp_path / "ok" / "x")) == "fine text here" + "ab\ufffdcd and more words"
     path.write_text('{"text": "a smile \\ud83d\\ude00 is a pair, and fine"}\n{"text": "more text"}\n')
     prepare.main(args + ["--out_dir", str(tmp_path / "pair"), "--quiet"])
     assert "\U0001F600" in "".join(decode_both(tmp_path / "pair" / "x"))
+
+
+def test_a_lone_surrogate_is_named_for_gpt2_bpe_too(tmp_path, tiktoken_available):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "fine text here"}\n{"text": "ab\\ud800cd and more words"}\n')
+    args = ["--input", str(path), "--tokenizer", "gpt2", "--name", "x"]
+    assert_fails(tmp_path, args, r"d.jsonl, line 2: .* lone surrogate U\+D800")
 
 
 def test_unknown_tokenizer_and_dataset(tmp_path):
