@@ -29,10 +29,13 @@ float16 past 65504), stays nn.Linear, and one line says so. `swap_linears` retur
 what was swapped, for the header sample.py and serve.py print.
 """
 
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptkit import int8_kernel
 from gptkit.device import F16_OVERFLOW
 
 # ||swapped(x) - linear(x)|| / ||linear(x)|| allowed by the check, per format: float32
@@ -104,25 +107,46 @@ def int8_rows(weight):
 
 
 class Int8Linear(nn.Module):
-    """x @ Wᵀ + b with W rounded to int8 per output row and x rounded to bfloat16:
-    torch._weight_int8pack_mm reads the int8 matrix (a quarter of float32's bytes),
-    multiplies by the row scales and returns bfloat16, widened back to float32."""
+    """x @ Wᵀ + b with W rounded to int8 per output row: a quarter of float32's bytes.
+    Given gptkit/int8_kernel.c's library (one thread, a CPU with AVX-512 VNNI), x is
+    rounded to int8 per row too and the int8 sums run in int32 there; without it x is
+    rounded to bfloat16 and torch._weight_int8pack_mm multiplies (PyTorch's threads)."""
 
-    def __init__(self, linear):
+    def __init__(self, linear, kernel=None, product="torch._weight_int8pack_mm"):
         super().__init__()
+        self.product = product  # the header's words for what multiplies
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         q, scale = int8_rows(linear.weight.detach())
-        self.register_buffer("q", q, persistent=False)  # (out, in) int8
+        self.register_buffer("q", q.contiguous(), persistent=False)  # (out, in) int8
         self.register_buffer("scale", scale.bfloat16(), persistent=False)  # (out,)
+        self.kernel = kernel
+        if kernel is not None:  # what int8_linear reads: float32 scales, and each row's sum of q
+            self.register_buffer("scale32", scale.float().contiguous(), persistent=False)
+            self.register_buffer("qsum", q.sum(dim=1, dtype=torch.int32), persistent=False)
 
     def forward(self, x):
         if not plain_input(x):
             return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, x.size(-1)).bfloat16()  # (N, in)
-        y = torch._weight_int8pack_mm(rows, self.q, self.scale).float()  # (N, out)
-        y = y.view(*x.shape[:-1], y.size(-1))
-        return y if self.bias is None else y + self.bias
+        rows = x.reshape(-1, x.size(-1))  # (N, in)
+        if self.kernel is not None:
+            y = self.kernel_product(rows.contiguous())
+        else:
+            y = torch._weight_int8pack_mm(rows.bfloat16(), self.q, self.scale).float()  # (N, out)
+            y = y if self.bias is None else y + self.bias
+        return y.view(*x.shape[:-1], y.size(-1))
+
+    @torch.no_grad()
+    def kernel_product(self, rows):
+        """int8_kernel.c's int8_linear on rows (N, in) float32: (N, out), the bias added."""
+        n = rows.size(0)
+        y = rows.new_empty(n, self.out_features)
+        scratch, scales = torch.empty(n, self.in_features, dtype=torch.uint8), torch.empty(n)
+        bias = None if self.bias is None else self.bias.data_ptr()
+        self.kernel.int8_linear(rows.data_ptr(), n, self.in_features, self.q.data_ptr(), self.scale32.data_ptr(),
+                                self.qsum.data_ptr(), bias, self.out_features, y.data_ptr(),
+                                scratch.data_ptr(), scales.data_ptr())
+        return y
 
 
 PARTS = {"float32": NumPyLinear, "float16": Float16Linear, "int8": Int8Linear}
@@ -170,14 +194,29 @@ def linears(model):
                 yield parent, name, f"{parent_name}.{name}".lstrip("."), child
 
 
+def int8_product():
+    """(gptkit/int8_kernel.c's library or None, the header's words for the int8 products):
+    the kernel at one thread where it builds, else torch._weight_int8pack_mm."""
+    if torch.get_num_threads() != 1:
+        return None, f"torch._weight_int8pack_mm on {torch.get_num_threads()} threads (gptkit/int8_kernel.c runs on one)"
+    kernel, why_not = int8_kernel.load()
+    if kernel is None:
+        return None, f"torch._weight_int8pack_mm (gptkit/int8_kernel.c not used: {why_not})"
+    return kernel, "gptkit/int8_kernel.c on one thread (AVX-512 VNNI)"
+
+
 def swap_linears(model, weights, note):
     """Replace every nn.Linear of `model` (float32, on a CPU) by PARTS[weights], each
     checked first; `note(line)` hears, in one line, of those kept as they were. Returns
     [(name, parent, attribute, the replaced nn.Linear)] for restore_linears."""
     swapped, kept = [], {}
+    make = PARTS[weights]
+    if weights == "int8":
+        kernel, product = int8_product()
+        make = functools.partial(Int8Linear, kernel=kernel, product=product)
     for parent, attr, name, linear in list(linears(model)):
         why = unfit(weights, linear.weight)
-        part = None if why else PARTS[weights](linear)
+        part = None if why else make(linear)
         why = why or check(part, linear, weights)
         if why:
             kept.setdefault(why, []).append(name)

@@ -207,10 +207,11 @@ def prepare_for_generating(model, cfg, device, note=say):
     parts = model.swapped_linears
     if not parts:
         return "decode: model.py's forward with its KV cache (no nn.Linear swapped)"
-    kind = type(getattr(parts[0][1], parts[0][2])).__name__
-    return (f"decode: model.py's forward with its KV cache; {len(parts)} nn.Linear replaced by {kind} "
-            "(gptkit/cpu_linears.py, each checked against the module it replaces; "
-            "--cpu_decode false keeps nn.Linear)")
+    part = getattr(parts[0][1], parts[0][2])
+    products = f"; int8 products: {part.product}" if isinstance(part, cpu_linears.Int8Linear) else ""
+    return (f"decode: model.py's forward with its KV cache; {len(parts)} nn.Linear replaced by "
+            f"{type(part).__name__} (gptkit/cpu_linears.py, each checked against the module it replaces; "
+            f"--cpu_decode false keeps nn.Linear){products}")
 
 
 def swap_in(model, weights, note):

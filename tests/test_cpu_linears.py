@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gptkit import cpu_linears
+from gptkit import cpu_linears, int8_kernel
 from gptkit.generate import cached_logits, generate_stream, prepare_for_generating
 from model import GPT, GPTConfig
 from repo import REPO
@@ -246,3 +246,53 @@ def test_a_context_too_short_for_the_check_still_gets_its_parts_and_samples(bloc
     header = prepare_for_generating(model, SampleConfig(device="cpu"), CPU, note=print)
     assert "5 nn.Linear replaced by NumPyLinear" in header
     assert len(list(generate_stream(model, torch.tensor([[1]]), 6, temperature=0, shift_context=True))) == 6
+
+
+def kernel_or_skip():
+    kernel, why_not = int8_kernel.load()
+    if kernel is None:
+        pytest.skip(f"gptkit/int8_kernel.c is not used here: {why_not}")
+    return kernel
+
+
+@pytest.mark.parametrize("rows, width, bias", [(1, 768, True), (3, 100, False), (2, 3072, True), (1, 64, False)])
+def test_the_int8_kernel_computes_its_formula_written_out(rows, width, bias):
+    """int8_kernel.c's int8_linear against the same arithmetic in torch: x and W rounded to
+    int8 per row (scale max|row| / 127), exact int32 sums, times both scales, plus the bias.
+    Widths not a multiple of 64 exercise the masked tail; several rows share each weight row."""
+    kernel = kernel_or_skip()
+    generator = torch.Generator().manual_seed(width)
+    linear = nn.Linear(width, 40, bias=bias)
+    x = torch.randn(rows, width, generator=generator) * 3
+    x[0, 0] = 0.0
+    part = cpu_linears.Int8Linear(linear, kernel=kernel)
+    xs = x.abs().amax(dim=1, keepdim=True) / 127  # (rows, 1)
+    xq = torch.round(x / xs).to(torch.int64)  # half to even, as lrintf
+    q, ws = cpu_linears.int8_rows(linear.weight.detach())
+    expected = (xq @ q.to(torch.int64).T).float() * xs * ws  # int64 sums: exact
+    if bias:
+        expected = expected + linear.bias.detach()
+    with torch.no_grad():
+        got = part(x)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    assert torch.equal(part(torch.zeros(2, width)), torch.zeros(2, 40) + (linear.bias.detach() if bias else 0))
+
+
+def test_the_int8_products_are_named_in_the_header_and_fall_back_in_one_line(monkeypatch, tmp_path):
+    kernel_or_skip()
+    header = prepare_for_generating(model_for("gpt2"), SampleConfig(dtype="int8", device="cpu"), CPU, note=print)
+    assert header.endswith("; int8 products: gptkit/int8_kernel.c on one thread (AVX-512 VNNI)")
+    monkeypatch.setenv("CC", "false")  # a compiler that fails: torch's product, said in the header
+    monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path))
+    int8_kernel.load.cache_clear()
+    try:
+        model = model_for("gpt2")
+        header = prepare_for_generating(model, SampleConfig(dtype="int8", device="cpu"), CPU, note=print)
+        assert header.endswith("; int8 products: torch._weight_int8pack_mm "
+                               "(gptkit/int8_kernel.c not used: `false` failed to build it (no message))")
+        assert model.transformer.h[0].mlp.c_fc.kernel is None and not list(tmp_path.rglob("*.so*"))
+        torch.set_num_threads(2)
+        assert cpu_linears.int8_product()[0] is None
+    finally:
+        torch.set_num_threads(1)
+        int8_kernel.load.cache_clear()
