@@ -263,10 +263,17 @@ def measure(args, work):
     n = args.new_tokens
     model, run_dir = build(work, args.seed)
     parts = {weights: with_parts(model, weights) for weights in ("float32", "float16", "int8")}
+    product = parts["int8"].transformer.h[0].mlp.c_fc.product
     samplers = {"ours, sample.py's default (NumPyLinear)": lambda: ours(parts["float32"], n),
                 "ours, nn.Linear (--cpu_decode false)": lambda: ours(model, n),
                 "ours, --dtype float16 (Float16Linear)": lambda: ours(parts["float16"], n),
-                "ours, --dtype int8 (Int8Linear)": lambda: ours(parts["int8"], n)}
+                f"ours, --dtype int8 (Int8Linear, {product})": lambda: ours(parts["int8"], n)}
+    if parts["int8"].transformer.h[0].mlp.c_fc.kernel is not None:  # the product it replaced, for comparison
+        parts["int8 torch"] = with_parts(model, "int8")
+        for module in parts["int8 torch"].modules():
+            if hasattr(module, "kernel"):
+                module.kernel = None
+        samplers["ours, --dtype int8 (Int8Linear, torch._weight_int8pack_mm)"] = lambda: ours(parts["int8 torch"], n)
     try:
         import transformers
 
@@ -313,7 +320,8 @@ def measure(args, work):
         f"fp32 weights read once per token at {bandwidth / 1e9:.1f} GB/s (this thread, measured) = "
         f"{1000 * floor['fp32']:.1f} ms (float16 weights are 0.5x those bytes, q8_0 ~0.27x). vs transformers: "
         f"against its fp32 row. ours --dtype float16 / int8: model.py's forward with float16 copies of the matrices "
-        f"(float16 inputs) / int8 copies (bfloat16 inputs) swapped in; transformers float16/bfloat16: the model cast "
+        f"(float16 inputs) / int8 copies swapped in (inputs rounded to int8 per row in gptkit/int8_kernel.c, to "
+        f"bfloat16 for torch._weight_int8pack_mm); transformers float16/bfloat16: the model cast "
         f"(weights and arithmetic).",
     )
     for label, (cpu, wall) in best.items():

@@ -128,24 +128,22 @@ class Int8Linear(nn.Module):
     def forward(self, x):
         if not plain_input(x):
             return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, x.size(-1))  # (N, in)
         if self.kernel is not None:
-            y = self.kernel_product(rows.contiguous())
-        else:
-            y = torch._weight_int8pack_mm(rows.bfloat16(), self.q, self.scale).float()  # (N, out)
-            y = y if self.bias is None else y + self.bias
-        return y.view(*x.shape[:-1], y.size(-1))
+            return self.kernel_product(x)
+        rows = x.reshape(-1, x.size(-1)).bfloat16()  # (N, in)
+        y = torch._weight_int8pack_mm(rows, self.q, self.scale).float()  # (N, out)
+        y = y.view(*x.shape[:-1], y.size(-1))
+        return y if self.bias is None else y + self.bias
 
-    @torch.no_grad()
-    def kernel_product(self, rows):
-        """int8_kernel.c's int8_linear on rows (N, in) float32: (N, out), the bias added."""
-        n = rows.size(0)
-        y = rows.new_empty(n, self.out_features)
-        scratch, scales = torch.empty(n, self.in_features, dtype=torch.uint8), torch.empty(n)
+    def kernel_product(self, x):
+        """int8_kernel.c's int8_linear on x (..., in) float32: (..., out), the bias added."""
+        x = x.contiguous()
+        y = x.new_empty(*x.shape[:-1], self.out_features)
         bias = None if self.bias is None else self.bias.data_ptr()
-        self.kernel.int8_linear(rows.data_ptr(), n, self.in_features, self.q.data_ptr(), self.scale32.data_ptr(),
-                                self.qsum.data_ptr(), bias, self.out_features, y.data_ptr(),
-                                scratch.data_ptr(), scales.data_ptr())
+        if self.kernel.int8_linear(x.data_ptr(), x.numel() // self.in_features, self.in_features, self.q.data_ptr(),
+                                   self.scale32.data_ptr(), self.qsum.data_ptr(), bias, self.out_features,
+                                   y.data_ptr()):
+            raise MemoryError("gptkit/int8_kernel.c: no memory for the inputs rounded to int8")
         return y
 
 

@@ -15,6 +15,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
@@ -45,9 +46,16 @@ static int32_t dot(const uint8_t *xq, const int8_t *q, int in) {
 }
 
 /* x (rows, in) float32, q (out, in) int8, ws (out,), qsum (out,), bias (out,) or NULL
- * -> y (rows, out) float32. xq (rows, in) and xs (rows,) are scratch space. */
-void int8_linear(const float *x, int rows, int in, const int8_t *q, const float *ws, const int32_t *qsum,
-                 const float *bias, int out, float *y, uint8_t *xq, float *xs) {
+ * -> y (rows, out) float32. Returns 0, or -1 where the scratch memory is not there. */
+int int8_linear(const float *x, int rows, int in, const int8_t *q, const float *ws, const int32_t *qsum,
+                const float *bias, int out, float *y) {
+    uint8_t *xq = malloc((size_t)rows * in);  /* the inputs as unsigned bytes, row by row */
+    float *xs = malloc((size_t)rows * sizeof(float));  /* and each row's scale */
+    if (!xq || !xs) {
+        free(xq);
+        free(xs);
+        return -1;
+    }
     for (int m = 0; m < rows; m++) xs[m] = quantize_row(x + (int64_t)m * in, in, xq + (int64_t)m * in);
     for (int o = 0; o < out; o++) {  /* each weight row is read from memory once, for every input row */
         const int8_t *row = q + (int64_t)o * in;
@@ -56,6 +64,9 @@ void int8_linear(const float *x, int rows, int in, const int8_t *q, const float 
             y[(int64_t)m * out + o] = (float)sum * xs[m] * ws[o] + (bias ? bias[o] : 0.f);
         }
     }
+    free(xq);
+    free(xs);
+    return 0;
 }
 #else
 int has_vnni(void) { return 0; } /* built for a CPU without AVX-512 VNNI: not used */

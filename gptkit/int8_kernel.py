@@ -67,9 +67,9 @@ def load():
     if not kernel.has_vnni():
         return None, "this CPU has no AVX-512 VNNI"
     pointer = ctypes.c_void_p
-    kernel.int8_linear.restype = None
-    kernel.int8_linear.argtypes = [pointer, ctypes.c_int, ctypes.c_int, pointer, pointer, pointer,
-                                   pointer, ctypes.c_int, pointer, pointer, pointer]
+    kernel.int8_linear.restype = ctypes.c_int
+    kernel.int8_linear.argtypes = [pointer, ctypes.c_int, ctypes.c_int, pointer, pointer, pointer, pointer,
+                                   ctypes.c_int, pointer]
     return kernel, None
 
 
