@@ -33,19 +33,6 @@ def int_mm(x, prepared):  # torch._int_mm: the inputs rounded to int8 per row as
     return torch._int_mm(torch.round(x / x_scale).to(torch.int8), q_t) * (x_scale * scale)
 
 
-def onednn_prepare(w):
-    q, scale = int8_rows(w)
-    return torch.ops.onednn.qlinear_prepack(q, [1, w.shape[1]]), scale, torch.zeros(w.shape[0], dtype=torch.long)
-
-
-def onednn(x, prepared):  # oneDNN's prepacked int8 product, unsigned inputs (zero point 128)
-    packed, scale, zero = prepared
-    x_scale = float(x.abs().max()) / 127
-    xq = (torch.round(x / x_scale) + 128).to(torch.uint8)
-    return torch.ops.onednn.qlinear_pointwise(xq, x_scale, 128, packed, scale, zero, None, 1.0, 0, torch.float32,
-                                              "none", [], "")
-
-
 @torch.compile(dynamic=False)
 def reduction(x, q, scale):  # inductor writes this as one C++ loop
     return (x * q.to(torch.float32)).sum(-1) * scale
@@ -66,7 +53,6 @@ ROUTES = {
         lambda w: (int8_rows(w)[0], int8_rows(w)[1].bfloat16()),
         lambda x, p: torch._weight_int8pack_mm(x.bfloat16(), *p).float()),
     "torch._int_mm, int8 inputs per row": (lambda w: (int8_rows(w)[0].t(), int8_rows(w)[1]), int_mm),
-    "onednn qlinear_pointwise, prepacked, uint8 inputs": (onednn_prepare, onednn),
     "torch.compile'd reduction (x * q.float()).sum(-1) * s": (int8_rows, lambda x, p: reduction(x, *p)),
 }
 

@@ -139,10 +139,10 @@ class Int8Linear(nn.Module):
         """int8_kernel.c's int8_linear on x (..., in) float32: (..., out), the bias added."""
         x = x.contiguous()
         y = x.new_empty(*x.shape[:-1], self.out_features)
-        bias = None if self.bias is None else self.bias.data_ptr()
+        bias = None if self.bias is None else self.bias.detach().float().contiguous()  # as the C code reads it
         if self.kernel.int8_linear(x.data_ptr(), x.numel() // self.in_features, self.in_features, self.q.data_ptr(),
-                                   self.scale32.data_ptr(), self.qsum.data_ptr(), bias, self.out_features,
-                                   y.data_ptr()):
+                                   self.scale32.data_ptr(), self.qsum.data_ptr(), None if bias is None else bias.data_ptr(),
+                                   self.out_features, y.data_ptr()):
             raise MemoryError("gptkit/int8_kernel.c: no memory for the inputs rounded to int8")
         return y
 
@@ -156,11 +156,12 @@ def available(weights):
     return None if name is None or hasattr(torch, name) else f"torch.{name}"
 
 
-def unfit(weights, weight):
-    """Why `weights`'s format cannot hold this weight, or None."""
+def unfit(weights, weight, kernel=None):
+    """Why `weights`'s format (int8: with gptkit/int8_kernel.c's `kernel`, or without)
+    cannot hold this weight, or None."""
     if not torch.isfinite(weight).all():
         return "it holds a non-finite value"
-    if weights == "int8" and weight.size(1) % INT8_INPUTS_MULTIPLE:
+    if weights == "int8" and kernel is None and weight.size(1) % INT8_INPUTS_MULTIPLE:
         return (f"its {weight.size(1)} inputs are not a multiple of {INT8_INPUTS_MULTIPLE}, "
                 "which torch._weight_int8pack_mm needs")
     if weights == "float16" and weight.abs().max().item() >= F16_OVERFLOW:
@@ -208,12 +209,12 @@ def swap_linears(model, weights, note):
     checked first; `note(line)` hears, in one line, of those kept as they were. Returns
     [(name, parent, attribute, the replaced nn.Linear)] for restore_linears."""
     swapped, kept = [], {}
-    make = PARTS[weights]
+    make, kernel = PARTS[weights], None
     if weights == "int8":
         kernel, product = int8_product()
         make = functools.partial(Int8Linear, kernel=kernel, product=product)
     for parent, attr, name, linear in list(linears(model)):
-        why = unfit(weights, linear.weight)
+        why = unfit(weights, linear.weight, kernel)
         part = None if why else make(linear)
         why = why or check(part, linear, weights)
         if why:
