@@ -17,8 +17,10 @@ with its WeightOnlyInt8Linear):
     NumPyLinear    float32, the same weight: x @ Wᵀ with NumPy's BLAS, which reads a
                    matrix faster than PyTorch's product for one row (BENCHMARKS.md)
     Float16Linear  a float16 copy of W and float16 inputs: half the bytes a token
-    Int8Linear     W rounded to int8 per output row (w = scale * q, |q| <= 127) and
-                   bfloat16 inputs: torch._weight_int8pack_mm, a quarter of the bytes
+    Int8Linear     W rounded to int8 per output row (w = scale * q, |q| <= 127), a quarter
+                   of the bytes: at one thread on AVX-512 VNNI, inputs rounded to int8 per
+                   row and gptkit/int8_kernel.c's int32 sums; else bfloat16 inputs and
+                   torch._weight_int8pack_mm
 
 Each keeps the replaced module's weight and bias (the same Parameters: a tied
 embedding, a state_dict or code reading `.weight` see what they saw), falls back to
@@ -140,9 +142,9 @@ class Int8Linear(nn.Module):
         x = x.contiguous()
         y = x.new_empty(*x.shape[:-1], self.out_features)
         bias = None if self.bias is None else self.bias.detach().float().contiguous()  # as the C code reads it
-        if self.kernel.int8_linear(x.data_ptr(), x.numel() // self.in_features, self.in_features, self.q.data_ptr(),
-                                   self.scale32.data_ptr(), self.qsum.data_ptr(), None if bias is None else bias.data_ptr(),
-                                   self.out_features, y.data_ptr()):
+        if self.kernel.int8_linear(x.data_ptr(), x.numel() // self.in_features, self.in_features,
+                                   self.q.data_ptr(), self.scale32.data_ptr(), self.qsum.data_ptr(),
+                                   None if bias is None else bias.data_ptr(), self.out_features, y.data_ptr()):
             raise MemoryError("gptkit/int8_kernel.c: no memory for the inputs rounded to int8")
         return y
 
@@ -197,7 +199,8 @@ def int8_product():
     """(gptkit/int8_kernel.c's library or None, the header's words for the int8 products):
     the kernel at one thread where it builds, else torch._weight_int8pack_mm."""
     if torch.get_num_threads() != 1:
-        return None, f"torch._weight_int8pack_mm on {torch.get_num_threads()} threads (gptkit/int8_kernel.c runs on one)"
+        threads = torch.get_num_threads()
+        return None, f"torch._weight_int8pack_mm on {threads} threads (gptkit/int8_kernel.c runs on one)"
     kernel, why_not = int8_kernel.load()
     if kernel is None:
         return None, f"torch._weight_int8pack_mm (gptkit/int8_kernel.c not used: {why_not})"
