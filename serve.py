@@ -75,6 +75,9 @@ class ServeConfig:
                                "(gptkit/cpu_linears.py, as sample.py); false: nn.Linear as written")
     max_batch: int = setting(16, "the most replies generated together, one token each per step (a request "
                              "with n choices takes n); more wait in the queue")
+    stream_interval: float = setting(0.0, "the least seconds between two writes to a streaming client: the "
+                                     "tokens made meanwhile go out in one write, less server CPU per token at "
+                                     "many streams for up to this much more latency (0: every step's at once)")
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -83,6 +86,8 @@ class ServeConfig:
             raise ValueError(f"queue_size={self.queue_size} must be between 1 and {MAX_QUEUE}")
         if not 1 <= self.max_batch <= MAX_QUEUE:
             raise ValueError(f"max_batch={self.max_batch} must be between 1 and {MAX_QUEUE}")
+        if not 0 <= self.stream_interval <= 1:
+            raise ValueError(f"stream_interval={self.stream_interval} must be between 0 and 1 second")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens} must be 1 or more")
         if self.max_body_bytes < 1024:

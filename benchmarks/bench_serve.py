@@ -63,6 +63,9 @@ def add_arguments(parser):
                         help="OMP_NUM_THREADS of serve.py and of the no-server rows (default 1)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="loads per concurrency; the fastest is reported (default 3)")
+    parser.add_argument("--stream_intervals", default="",
+                        help="values of serve.py's --stream_interval, comma-separated: one server each, in the "
+                             "same run (default: one server at serve.py's default)")
     parser.add_argument("--models", default="chat,gpt2",
                         help="which models, comma-separated: chat (the chat recipe's), gpt2 (GPT-2 124M's shape)")
 
@@ -142,13 +145,14 @@ def wait_ready(proc, pattern, timeout=300):
     raise RuntimeError("server did not start: " + "".join(lines[-5:]))
 
 
-def start_serve(ckpt, threads):
+def start_serve(ckpt, threads, stream_interval=None):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     env.pop("GPT_FAULTS", None)
     env.pop("GPTKIT_API_KEY", None)
     proc = subprocess.Popen([sys.executable, str(REPO / "serve.py"), f"--ckpt={ckpt}", "--port=0", "--device=cpu",
-                             "--queue_size=64", "--model_name=bench"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                             "--queue_size=64", "--model_name=bench",
+                             *([] if stream_interval is None else [f"--stream_interval={stream_interval}"])],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return proc, wait_ready(proc, READY)
 
 
@@ -229,6 +233,10 @@ def run(args):
     if repeats < 1:
         raise UserError(f"--repeats {repeats}: give at least 1")
     new_tokens = 8 if args.quick else args.new_tokens
+    try:
+        intervals = [float(x) for x in args.stream_intervals.split(",")] if args.stream_intervals else [None]
+    except ValueError:
+        raise UserError(f"--stream_intervals {args.stream_intervals!r}: give seconds, comma-separated") from None
     table = Table(
         f"serve.py: concurrent streamed chat replies, {new_tokens} tokens each, CPU",
         ["model", "server", "streams", "TTFT median (s)", "TTFT slowest (s)", "tokens/s, all streams",
@@ -243,7 +251,8 @@ def run(args):
     )
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as work:
         for label, ckpt, source in models(args, Path(work)):
-            servers = [("serve.py", lambda: start_serve(ckpt, args.threads))]
+            servers = [("serve.py" if x is None else f"serve.py --stream_interval {x:g}",
+                        lambda x=x: start_serve(ckpt, args.threads, x)) for x in intervals]
             if not args.no_llama_cpp and not args.quick:
                 gguf = export_gguf(ckpt, Path(work))
                 if isinstance(gguf, str):

@@ -225,3 +225,60 @@ def test_events_for_a_loop_that_has_closed_are_dropped_quietly():
     box.post(asyncio.Queue(), ("error", "cancelled"))
     with box.step():
         box.post(asyncio.Queue(), ("text", 0))
+
+
+def test_a_stream_writes_at_most_once_per_interval_the_first_token_at_once_and_every_event():
+    """EventStream with --stream_interval: 20 tokens 5 ms apart go out in a few writes
+    (none closer than the interval, the first at once, every token in order); at 0 each
+    token that came alone goes out alone; a token after a pause never waits for the next."""
+    import asyncio
+
+    from gptkit.serve.app import SEND, EventStream, Events, paced
+
+    class Job:
+        def cancel(self):
+            pass
+
+    async def stream(interval, gaps):
+        events, writes = Events(None), []
+        start = asyncio.get_running_loop().time()
+
+        async def produce():
+            for i, gap in enumerate(gaps):
+                await asyncio.sleep(gap)
+                events.put_nowait(("text", str(i)))
+            events.put_nowait(("done", None))
+
+        async def chunks():  # as app.py's: SEND passed on, each text event one chunk
+            async for event in paced(events):
+                if event is SEND:
+                    yield SEND
+                elif event[0] == "done":
+                    yield "[DONE]"
+                    return
+                else:
+                    yield event[1]
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                writes.append((asyncio.get_running_loop().time() - start, message["body"].decode()))
+
+        watcher = asyncio.ensure_future(asyncio.sleep(10))
+        producer = asyncio.ensure_future(produce())
+        await EventStream(chunks(), Job(), watcher, interval)(None, None, send)
+        await producer
+        return writes
+
+    def tokens(writes):
+        return [line[len("data: "):] for _, body in writes for line in body.split("\n\n") if line]
+
+    writes = asyncio.run(stream(0.05, [0.005] * 20))
+    assert tokens(writes) == [str(i) for i in range(20)] + ["[DONE]"]
+    assert writes[0][0] < 0.04 and writes[0][1] == "data: 0\n\n"  # the first token at once
+    sends = [t for t, body in writes if body]
+    assert all(b - a >= 0.045 for a, b in zip(sends, sends[1:-1])), sends  # the last: the reply's end
+    assert 2 <= len(sends) <= 5, writes
+    writes = asyncio.run(stream(0.0, [0.01] * 5))
+    assert [body for _, body in writes] == [f"data: {i}\n\n" for i in range(4)] + ["data: 4\n\ndata: [DONE]\n\n"]
+    writes = asyncio.run(stream(0.05, [0.005, 0.005, 0.3]))  # token 1 must not wait 0.3 s for token 2
+    assert [body for _, body in writes][:2] == ["data: 0\n\n", "data: 1\n\n"] and writes[1][0] < 0.1, writes

@@ -247,6 +247,8 @@ def test_a_connection_flood_past_the_file_limit_leaves_the_server_answering(chec
     (["--request_timeout=0"], None, "request_timeout=0.0 must be above 0"),
     (["--request_timeout=nan"], None, "request_timeout=nan must be above 0"),
     (["--allowed_hosts=evil.com/x"], None, "'evil.com/x' is not a host name"),
+    (["--stream_interval=-0.1"], None, "stream_interval=-0.1 must be between 0 and 1 second"),
+    (["--stream_interval=nan"], None, "stream_interval=nan must be between 0 and 1 second"),
 ])
 def test_settings_no_client_could_use_are_refused_before_anything_loads(tmp_path, monkeypatch, args, key, says):
     import serve

@@ -195,28 +195,49 @@ def watch_disconnect(request, job):
 SEND = object()  # what `chunks` yields before it waits: the events so far go out now
 
 
+async def paced(events):
+    """A job's events as they come, with SEND before each wait for the next: the
+    opening chunks go out with the first token's (one write, not two), and where
+    EventStream's write waited out --stream_interval and nothing came meanwhile, a
+    second SEND lets it go out then, not with the next token."""
+    first = True
+    while True:
+        if events.waiting() and not first:
+            yield SEND
+            if events.waiting():
+                yield SEND
+        first = False
+        yield await events.next()
+
+
 class EventStream:
     """A server-sent events response written from a job's events. The events made
     while the loop was busy go out in one write (one system call, where a server behind
-    on 16 streams would make one per token each); the events themselves are the same.
-    A send that fails (the client left) cancels the job at once, as the disconnect
-    watcher does."""
+    on 16 streams would make one per token each), and after a write the next waits
+    until `interval` seconds have passed (--stream_interval), so the tokens made
+    meanwhile join it: the first token goes out at once, the events themselves are
+    the same. A send that fails (the client left) cancels the job at once, as the
+    disconnect watcher does."""
 
-    def __init__(self, chunks, job, watcher):
-        self.chunks, self.job, self.watcher = chunks, job, watcher
+    def __init__(self, chunks, job, watcher, interval=0.0):
+        self.chunks, self.job, self.watcher, self.interval = chunks, job, watcher, interval
 
     async def __call__(self, scope, receive, send):
         try:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
                                     (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
-            body = []
+            body, loop, sent = [], asyncio.get_running_loop(), float("-inf")
             async for data in self.chunks:
                 if data is not SEND:
                     body.append(f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n")
                 elif body:
+                    wait = sent + self.interval - loop.time()
+                    if wait > 0:  # too soon after the last write: the next tokens join this one
+                        await asyncio.sleep(wait)
+                        continue
                     await send({"type": "http.response.body", "body": "".join(body).encode(), "more_body": True})
-                    body = []
+                    body, sent = [], loop.time()
             await send({"type": "http.response.body", "body": "".join(body).encode(), "more_body": False})
         except (OSError, ClientDisconnect):
             pass  # the client left mid-stream
@@ -331,12 +352,11 @@ def build_app(state):
                     if chat else api.completion_chunk(rid, name, "", index=index, gptkit=gptkit)
             offsets = [0] * job.n
             text_chunk = api.TextChunks(rid, name, chat)
-            first = True  # the opening chunks go out with the first token's: one write, not two
-            while True:
-                if events.waiting() and not first:
+            async for event in paced(events):
+                if event is SEND:
                     yield SEND
-                first = False
-                what, value = await events.next()
+                    continue
+                what, value = event
                 if what == "text":  # as api.chat_chunk / completion_chunk, encoded from a template
                     i, text, entries = value["index"], value["text"], value["logprobs"]
                     if chat:
@@ -360,7 +380,7 @@ def build_app(state):
                     break
             yield "[DONE]"
 
-        return EventStream(chunks(), job, watcher)
+        return EventStream(chunks(), job, watcher, state.cfg.stream_interval)
 
     async def whole_reply(events, rid, name, chat, start, extras, job):
         """The JSON reply of a request that does not stream, once its last choice is done."""
