@@ -73,13 +73,18 @@ for decode in ("true", "false"):
         assert sample.main([f"--out_dir={out}-fused", "--start=ab", "--num_samples=1",
                             "--max_new_tokens=24", "--seed=1", f"--cpu_decode={decode}"]) == 0
     result["decode_" + decode] = {"text": text.getvalue(), "stderr": said.getvalue()}
+text, said = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(text), contextlib.redirect_stderr(said):
+    assert sample.main([f"--out_dir={out}-fused", "--start=ab", "--num_samples=1", "--max_new_tokens=24",
+                        "--seed=1", "--dtype=int8"]) == 0
+result["decode_int8"] = {"text": text.getvalue(), "stderr": said.getvalue()}
 # the logits sampling runs on, swapped parts and model.py's nn.Linear: the edit's effect in numbers
 import torch
 from gptkit.generate import cached_logits, prepare_for_generating
 from gptkit.loading import load_model
-for decode in (True, False):
+for decode, dtype in ((True, "float32"), (False, "float32"), ("int8", "int8")):
     net = load_model("resume", f"{out}-fused", None, "data", None)[0]
-    cfg = sample.SampleConfig(cpu_decode=decode, device="cpu")
+    cfg = sample.SampleConfig(cpu_decode=True if decode == "int8" else decode, device="cpu", dtype=dtype)
     prepare_for_generating(net, cfg, torch.device("cpu"), note=print)
     result[f"logits_{decode}"] = cached_logits(net, torch.tensor([[1, 2, 3, 4]])).flatten().tolist()
 # a chat model of the same architecture: the trained weights and 4 turn tokens
@@ -196,6 +201,12 @@ def test_an_edit_to_model_py_is_what_trains_and_samples(edit, tiny_data, unedite
         assert f"decode: model.py's forward with its KV cache; {linears} nn.Linear replaced by NumPyLinear" in said
     assert got["decode_true"]["text"] == got["decode_false"]["text"]
     assert got["logits_True"] == pytest.approx(got["logits_False"], abs=1e-5)
+    # --dtype int8 runs the edited model too: its logits near this tree's float32 ones, not the unedited tree's
+    assert f"{linears} nn.Linear replaced by Int8Linear" in got["decode_int8"]["stderr"] and got["decode_int8"]["text"]
+    int8_gap = max(abs(a - b) for a, b in zip(got["logits_int8"], got["logits_False"]))
+    assert int8_gap <= 0.05 * max(map(abs, got["logits_False"])), int8_gap
+    if not same:
+        assert int8_gap < max(abs(a - b) for a, b in zip(got["logits_int8"], unedited["logits_False"]))
     assert (got["logits_True"] == pytest.approx(unedited["logits_True"], abs=1e-4)) == same
     assert got["chat_true"]["text"] == got["chat_false"]["text"]
     assert got["serve"]["reply"] in got["chat_true"]["text"]
