@@ -121,10 +121,10 @@ class Int8Linear(nn.Module):
         self.weight, self.bias = linear.weight, linear.bias
         q, scale = int8_rows(linear.weight.detach())
         self.register_buffer("q", q.contiguous(), persistent=False)  # (out, in) int8
-        self.register_buffer("scale", scale.bfloat16(), persistent=False)  # (out,)
         self.kernel = kernel
-        if kernel is not None:  # what int8_linear reads: float32 scales, and each row's sum of q
-            self.register_buffer("scale32", scale.float().contiguous(), persistent=False)
+        # (out,): float32 for int8_linear, bfloat16 for torch._weight_int8pack_mm
+        self.register_buffer("scale", scale.float() if kernel else scale.bfloat16(), persistent=False)
+        if kernel is not None:  # int8_linear also reads each row's sum of q
             self.register_buffer("qsum", q.sum(dim=1, dtype=torch.int32), persistent=False)
 
     def forward(self, x):
@@ -143,7 +143,7 @@ class Int8Linear(nn.Module):
         y = x.new_empty(*x.shape[:-1], self.out_features)
         bias = None if self.bias is None else self.bias.detach().float().contiguous()  # as the C code reads it
         if self.kernel.int8_linear(x.data_ptr(), x.numel() // self.in_features, self.in_features,
-                                   self.q.data_ptr(), self.scale32.data_ptr(), self.qsum.data_ptr(),
+                                   self.q.data_ptr(), self.scale.data_ptr(), self.qsum.data_ptr(),
                                    None if bias is None else bias.data_ptr(), self.out_features, y.data_ptr()):
             raise MemoryError("gptkit/int8_kernel.c: no memory for the inputs rounded to int8")
         return y
