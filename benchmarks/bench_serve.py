@@ -14,8 +14,9 @@ model.py's forward, batched), then by llama-cpp-python's own OpenAI server on ou
 `convert.py --to gguf` export of the same weights where llama-cpp-python[server] is
 installed and the architecture exports (the chat_arithmetic shape's ReLU² does not).
 For each concurrency, that many streaming /v1/chat/completions requests start at once
-(greedy, max_tokens --new_tokens); per request the seconds to its first content chunk
-(TTFT), and over the batch the generated tokens (the replies' usage) per wall second.
+(greedy, max_tokens --new_tokens), sent by benchmarks/serve_clients.py from one
+asyncio loop in a process of its own (as vLLM's benchmark_serving.py); per request
+the seconds to its first content chunk (TTFT), and over the batch the generated tokens (the replies' usage) per wall second.
 serve.py batches requests continuously (gptkit/serve/batch.py: every running reply
 advances one token a step, through model.py's forward and BatchKVCache), so the total
 rate grows with the streams; the rows "generate_stream, one batch of equal prompts"
@@ -31,7 +32,6 @@ wall time on a shared machine.
 Run it alone on the machine: other load changes every figure.
 """
 
-import concurrent.futures
 import dataclasses
 import json
 import os
@@ -43,7 +43,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -166,53 +165,19 @@ def start_llama_cpp(gguf, n_ctx):
     return proc, wait_ready(proc, re.compile(rf"(?:Uvicorn running on http://127\.0\.0\.1:)({port})"))
 
 
-def one_stream(port, content, new_tokens):
-    """(seconds to the first content chunk, tokens generated, seconds in all) of one streamed reply."""
-    body = {"model": "bench", "messages": [{"role": "user", "content": content}], "temperature": 0,
-            "max_tokens": new_tokens, "stream": True, "stream_options": {"include_usage": True},
-            "repeat_penalty": 1.0}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    t0 = time.perf_counter()
-    first, pieces, tokens = None, 0, None
-    with urllib.request.urlopen(request, timeout=600) as r:
-        for line in r:
-            line = line.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            for choice in chunk.get("choices") or []:
-                if (choice.get("delta") or {}).get("content"):
-                    pieces += 1
-                    first = first or time.perf_counter() - t0
-    return first or float("nan"), tokens if tokens is not None else pieces, time.perf_counter() - t0
-
-
-def cpu_seconds(pid):
-    """User + system CPU seconds of process `pid` so far (Linux's /proc), or None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-
-
 def load(port, streams, new_tokens, pid=None):
     """(median TTFT, slowest TTFT, tokens per wall second over all streams, tokens per stream,
-    (the server's CPU seconds meanwhile or None, tokens))."""
-    one_stream(port, "What is 1+2?", 4)
-    cpu0 = cpu_seconds(pid)
-    t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        results = list(pool.map(lambda i: one_stream(port, f"What is {i}+{i + 1}?", new_tokens), range(streams)))
-    wall = time.perf_counter() - t0
-    cpu1 = cpu_seconds(pid)
-    ttft = [r[0] for r in results]
-    tokens = sum(r[1] for r in results)
-    cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
-    return statistics.median(ttft), max(ttft), tokens / wall, tokens / streams, (cpu, tokens)
+    (the server's CPU seconds meanwhile or None, tokens)): `streams` requests at once from
+    benchmarks/serve_clients.py, one asyncio process."""
+    out = subprocess.run([sys.executable, "-m", "benchmarks.serve_clients", str(port), str(streams), str(new_tokens),
+                          *([str(pid)] if pid else [])], cwd=REPO, capture_output=True, text=True, timeout=1200)
+    if out.returncode:
+        raise RuntimeError(f"the clients failed: {out.stderr.strip().splitlines()[-1:]}")
+    report = json.loads(out.stdout)
+    ttft = [r[0] for r in report["results"]]
+    tokens = sum(r[1] for r in report["results"])
+    return (statistics.median(ttft), max(ttft), tokens / report["wall"], tokens / streams,
+            (report["server_cpu"], tokens))
 
 
 def run(args):
@@ -241,7 +206,8 @@ def run(args):
         f"serve.py: concurrent streamed chat replies, {new_tokens} tokens each, CPU",
         ["model", "server", "streams", "TTFT median (s)", "TTFT slowest (s)", "tokens/s, all streams",
          "tokens per reply", "server CPU ms per token"],
-        note=f"Greedy replies through /v1/chat/completions with stream=true, all started at once, the fastest of "
+        note=f"Greedy replies through /v1/chat/completions with stream=true, all started at once (one asyncio "
+             "client process, benchmarks/serve_clients.py), the fastest of "
              f"{repeats} such loads; TTFT: the request sent to its first content chunk; tokens/s: the replies' "
              "completion tokens over the wall time of the batch; server CPU ms per token: the server process's "
              "user + system CPU time over its tokens, all loads together (a shared machine stretches wall time "
