@@ -230,7 +230,8 @@ def test_events_for_a_loop_that_has_closed_are_dropped_quietly():
 def test_a_stream_writes_at_most_once_per_interval_the_first_token_at_once_and_every_event():
     """EventStream with --stream_interval: 20 tokens 5 ms apart go out in a few writes
     (none closer than the interval, the first at once, every token in order); at 0 each
-    token that came alone goes out alone; a token after a pause never waits for the next."""
+    token that came alone goes out alone; a token after a pause never waits for the next,
+    and the reply's end never waits out the interval."""
     import asyncio
 
     from gptkit.serve.app import SEND, EventStream, Events, paced
@@ -239,7 +240,7 @@ def test_a_stream_writes_at_most_once_per_interval_the_first_token_at_once_and_e
         def cancel(self):
             pass
 
-    async def stream(interval, gaps):
+    async def stream(interval, gaps, end_gap=0.0):
         events, writes = Events(None), []
         start = asyncio.get_running_loop().time()
 
@@ -247,6 +248,8 @@ def test_a_stream_writes_at_most_once_per_interval_the_first_token_at_once_and_e
             for i, gap in enumerate(gaps):
                 await asyncio.sleep(gap)
                 events.put_nowait(("text", str(i)))
+            if end_gap:
+                await asyncio.sleep(end_gap)
             events.put_nowait(("done", None))
 
         async def chunks():  # as app.py's: SEND passed on, each text event one chunk
@@ -265,7 +268,7 @@ def test_a_stream_writes_at_most_once_per_interval_the_first_token_at_once_and_e
 
         watcher = asyncio.ensure_future(asyncio.sleep(10))
         producer = asyncio.ensure_future(produce())
-        await EventStream(chunks(), Job(), watcher, interval)(None, None, send)
+        await EventStream(chunks(), events, Job(), watcher, interval)(None, None, send)
         await producer
         return writes
 
@@ -282,3 +285,5 @@ def test_a_stream_writes_at_most_once_per_interval_the_first_token_at_once_and_e
     assert [body for _, body in writes] == [f"data: {i}\n\n" for i in range(4)] + ["data: 4\n\ndata: [DONE]\n\n"]
     writes = asyncio.run(stream(0.05, [0.005, 0.005, 0.3]))  # token 1 must not wait 0.3 s for token 2
     assert [body for _, body in writes][:2] == ["data: 0\n\n", "data: 1\n\n"] and writes[1][0] < 0.1, writes
+    writes = asyncio.run(stream(0.5, [0.005, 0.01], 0.01))  # token 1, then the end, soon after token 0's write
+    assert tokens(writes) == ["0", "1", "[DONE]"] and writes[-1][0] < 0.25, writes  # not 0.5 s after it

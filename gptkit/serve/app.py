@@ -155,14 +155,18 @@ class Events:
 
     def __init__(self, mailbox):
         self.mailbox, self.items, self.waiter = mailbox, collections.deque(), None
+        self.ended = False  # the job's last event ("done" or "error") is here
+        self.pausing = None  # the future pause() awaits
 
     def emit(self, kind, value):  # called by the worker thread
         self.mailbox.post(self, (kind, value))
 
     def put_nowait(self, event):  # in the loop: Mailbox.drain
         self.items.append(event)
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
+        self.ended = self.ended or event[0] in ("done", "error")
+        for future in (self.waiter, self.pausing if self.ended else None):
+            if future is not None and not future.done():
+                future.set_result(None)
 
     async def next(self):
         while not self.items:
@@ -176,6 +180,20 @@ class Events:
     def waiting(self):
         """Whether next() would wait: no event is here yet."""
         return not self.items
+
+    async def pause(self, seconds):
+        """Wait `seconds`, or less where the job's last event comes meanwhile: the end of
+        a reply goes out at once."""
+        if self.ended:
+            return
+        loop = asyncio.get_running_loop()
+        self.pausing = loop.create_future()
+        timer = loop.call_later(seconds, lambda f=self.pausing: f.done() or f.set_result(None))
+        try:
+            await self.pausing
+        finally:
+            timer.cancel()
+            self.pausing = None
 
 
 def watch_disconnect(request, job):
@@ -215,12 +233,13 @@ class EventStream:
     while the loop was busy go out in one write (one system call, where a server behind
     on 16 streams would make one per token each), and after a write the next waits
     until `interval` seconds have passed (--stream_interval), so the tokens made
-    meanwhile join it: the first token goes out at once, the events themselves are
-    the same. A send that fails (the client left) cancels the job at once, as the
+    meanwhile join it: the first token and the reply's end go out at once, the events
+    themselves are the same. A send that fails (the client left) cancels the job at once, as the
     disconnect watcher does."""
 
-    def __init__(self, chunks, job, watcher, interval=0.0):
-        self.chunks, self.job, self.watcher, self.interval = chunks, job, watcher, interval
+    def __init__(self, chunks, events, job, watcher, interval=0.0):
+        self.chunks, self.events, self.job, self.watcher = chunks, events, job, watcher
+        self.interval = interval
 
     async def __call__(self, scope, receive, send):
         try:
@@ -233,8 +252,8 @@ class EventStream:
                     body.append(f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n")
                 elif body:
                     wait = sent + self.interval - loop.time()
-                    if wait > 0:  # too soon after the last write: the next tokens join this one
-                        await asyncio.sleep(wait)
+                    if wait > 0 and not self.events.ended:  # too soon: the next tokens join this write
+                        await self.events.pause(wait)
                         continue
                     await send({"type": "http.response.body", "body": "".join(body).encode(), "more_body": True})
                     body, sent = [], loop.time()
@@ -380,7 +399,7 @@ def build_app(state):
                     break
             yield "[DONE]"
 
-        return EventStream(chunks(), job, watcher, state.cfg.stream_interval)
+        return EventStream(chunks(), events, job, watcher, state.cfg.stream_interval)
 
     async def whole_reply(events, rid, name, chat, start, extras, job):
         """The JSON reply of a request that does not stream, once its last choice is done."""
