@@ -75,9 +75,10 @@ class ServeConfig:
                                "(gptkit/cpu_linears.py, as sample.py); false: nn.Linear as written")
     max_batch: int = setting(16, "the most replies generated together, one token each per step (a request "
                              "with n choices takes n); more wait in the queue")
-    stream_interval: float = setting(0.0, "the least seconds between two writes to a streaming client: the "
-                                     "tokens made meanwhile go out in one write, less server CPU per token at "
-                                     "many streams for up to this much more latency (0: every step's at once)")
+    stream_interval: float = setting(0.02, "the least seconds between two writes to a streaming client: the "
+                                     "tokens made meanwhile go out in one write (the first token and the "
+                                     "reply's end at once), less server CPU per token at many streams; 0: "
+                                     "every step's text at once")
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
