@@ -13,11 +13,12 @@ generates --new_tokens. Each is served by serve.py in a subprocess (CPU, float32
 model.py's forward, batched), then by llama-cpp-python's own OpenAI server on our
 `convert.py --to gguf` export of the same weights where llama-cpp-python[server] is
 installed and the architecture exports (the chat_arithmetic shape's ReLU² does not).
-For each concurrency, that many clients start at once, each sending
---requests_per_stream streaming /v1/chat/completions requests in turn (greedy,
-max_tokens --new_tokens; the next as its last reply ends, so the server holds that many
-requests throughout), from benchmarks/serve_clients.py: one asyncio loop in a process
-of its own (as vLLM's benchmark_serving.py --max-concurrency). Per request the seconds
+For each concurrency, that many clients start at once, each sending streaming
+/v1/chat/completions requests in turn (greedy, max_tokens --new_tokens; the next as
+its last reply ends, so the server holds that many requests throughout) until
+--seconds have passed, from benchmarks/serve_clients.py: one asyncio loop in a process
+of its own (as vLLM's benchmark_serving.py --max-concurrency). Every concurrency is
+loaded for the same time, so one stream's rate is not a shorter, luckier sample. Per request the seconds
 to its first content chunk (TTFT), and over the load the generated tokens (the
 replies' usage) per wall second.
 serve.py batches requests continuously (gptkit/serve/batch.py: every running reply
@@ -63,9 +64,9 @@ def add_arguments(parser):
     parser.add_argument("--streams", default="1,4,16", help="concurrencies, comma-separated (default 1,4,16)")
     parser.add_argument("--threads", type=int, default=1,
                         help="OMP_NUM_THREADS of serve.py and of the no-server rows (default 1)")
-    parser.add_argument("--requests_per_stream", type=int, default=4,
-                        help="requests each client sends in turn, the next as its last reply ends (default 4): "
-                             "the server holds --streams requests throughout")
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="each load's length: every client sends requests in turn, the next as its last reply "
+                             "ends, until this many seconds have passed (default 3; 0: one request each)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="loads per concurrency; the fastest is reported (default 3)")
     parser.add_argument("--stream_intervals", default="",
@@ -171,11 +172,11 @@ def start_llama_cpp(gguf, n_ctx):
     return proc, wait_ready(proc, re.compile(rf"(?:Uvicorn running on http://127\.0\.0\.1:)({port})"))
 
 
-def load(port, streams, requests, new_tokens, pid=None):
+def load(port, streams, seconds, new_tokens, pid=None):
     """(median TTFT, slowest TTFT, tokens per wall second over all streams, tokens per reply,
     (the server's CPU seconds meanwhile or None, tokens)): `streams` clients at once, each
-    sending `requests` requests in turn, from benchmarks/serve_clients.py (one asyncio process)."""
-    out = subprocess.run([sys.executable, "-m", "benchmarks.serve_clients", str(port), str(streams), str(requests),
+    sending requests in turn for `seconds`, from benchmarks/serve_clients.py (one asyncio process)."""
+    out = subprocess.run([sys.executable, "-m", "benchmarks.serve_clients", str(port), str(streams), str(seconds),
                           str(new_tokens), *([str(pid)] if pid else [])], cwd=REPO, capture_output=True, text=True,
                          timeout=1200)
     if out.returncode:
@@ -205,9 +206,9 @@ def run(args):
     if repeats < 1:
         raise UserError(f"--repeats {repeats}: give at least 1")
     new_tokens = 8 if args.quick else args.new_tokens
-    requests = 1 if args.quick else args.requests_per_stream
-    if requests < 1:
-        raise UserError(f"--requests_per_stream {requests}: give at least 1")
+    seconds = 0.0 if args.quick else args.seconds
+    if not 0 <= seconds <= 600:
+        raise UserError(f"--seconds {seconds}: give 0 to 600")
     try:
         intervals = [float(x) for x in args.stream_intervals.split(",")] if args.stream_intervals else [None]
     except ValueError:
@@ -217,9 +218,10 @@ def run(args):
         ["model", "server", "streams", "TTFT median (s)", "TTFT slowest (s)", "tokens/s, all streams",
          "tokens per reply", "server CPU ms per token"],
         note=f"Greedy replies through /v1/chat/completions with stream=true: that many clients at once, each "
-             f"sending {requests} requests in turn (one asyncio client process, benchmarks/serve_clients.py), the "
-             f"fastest of {repeats} such loads; TTFT: the request sent to its first content chunk (median and "
-             "slowest over the load's requests); tokens/s: the replies' completion tokens over the load's wall time; server CPU ms per token: the server process's "
+             f"sending requests in turn for {seconds:g} s (one asyncio client process, "
+             f"benchmarks/serve_clients.py), the fastest of {repeats} such loads; TTFT: the request sent to its "
+             "first content chunk (median and slowest over the load's requests); tokens/s: the replies' "
+             "completion tokens over the load's wall time; server CPU ms per token: the server process's "
              "user + system CPU time over its tokens, all loads together (a shared machine stretches wall time "
              "more than CPU time). serve.py batches the streams continuously; llama-cpp-python's server runs one "
              f"request at a time. serve.py and the no-server rows at OMP_NUM_THREADS={args.threads}; "
@@ -242,11 +244,11 @@ def run(args):
                 proc, port = start()
                 try:
                     for streams in counts:  # the fastest of --repeats loads: a shared machine only slows one
-                        runs = [load(port, streams, requests, new_tokens, proc.pid) for _ in range(repeats)]
+                        runs = [load(port, streams, seconds, new_tokens, proc.pid) for _ in range(repeats)]
                         median, slowest, rate, per, _ = max(runs, key=lambda r: r[2])
                         cpu = [r[4] for r in runs if r[4][0] is not None]  # over all the loads: clock ticks are 10 ms
-                        seconds, tokens = sum(c for c, _ in cpu), sum(t for _, t in cpu)
-                        per_token = f"{1e3 * seconds / tokens:.3f}" if seconds and tokens else "-"  # 0: under a tick
+                        cpu_s, tokens = sum(c for c, _ in cpu), sum(t for _, t in cpu)
+                        per_token = f"{1e3 * cpu_s / tokens:.3f}" if cpu_s and tokens else "-"  # 0: under a tick
                         table.add_row(f"{label} ({source})", name, streams, round(median, 3), round(slowest, 3),
                                       round(rate, 1), round(per, 1), per_token)
                 finally:

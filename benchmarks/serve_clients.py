@@ -1,10 +1,10 @@
-"""The clients of bench.py serve: STREAMS clients at once, each sending REQUESTS streamed
-chat requests one after another (the next as the last reply ends: the server holds
-STREAMS requests at a time, as vLLM's benchmark_serving.py --max-concurrency and
-llama.cpp's server benchmark's virtual users do), from one asyncio event loop in a
-process of its own.
+"""The clients of bench.py serve: STREAMS clients at once, each sending streamed chat
+requests one after another (the next as its last reply ends, so the server holds STREAMS
+requests at a time, as vLLM's benchmark_serving.py --max-concurrency and the virtual
+users of llama.cpp's server benchmark do) until SECONDS have passed (0: one request
+each), from one asyncio event loop in a process of its own.
 
-    python -m benchmarks.serve_clients PORT STREAMS REQUESTS NEW_TOKENS [SERVER_PID]   # prints one JSON line
+    python -m benchmarks.serve_clients PORT STREAMS SECONDS NEW_TOKENS [SERVER_PID]   # prints one JSON line
 
 Each request is HTTP/1.1 over a plain socket (POST, the reply read as it comes,
 chunked or not); every server-sent event is parsed with json.loads. Per request: the
@@ -79,15 +79,19 @@ async def one_stream(port, content, new_tokens):
     return first or float("nan"), tokens if tokens is not None else pieces, time.perf_counter() - t0
 
 
-async def client(port, i, requests, new_tokens):
-    """Client i's requests, one after another: [(TTFT, tokens, seconds)]."""
-    return [await one_stream(port, f"What is {i + 7 * r}+{i + 1}?", new_tokens) for r in range(requests)]
+async def client(port, i, new_tokens, until):
+    """Client i's requests, one after another until time.perf_counter() passes `until`:
+    [(TTFT, tokens, seconds)]."""
+    results = []
+    while not results or time.perf_counter() < until:
+        results.append(await one_stream(port, f"What is {i + 7 * len(results)}+{i + 1}?", new_tokens))
+    return results
 
 
-async def load(port, streams, requests, new_tokens):
+async def load(port, streams, seconds, new_tokens):
     """[(TTFT, tokens, seconds)] per request, and the wall seconds from the first request to the last reply."""
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(client(port, i, requests, new_tokens) for i in range(streams)))
+    results = await asyncio.gather(*(client(port, i, new_tokens, t0 + seconds) for i in range(streams)))
     return [r for rs in results for r in rs], time.perf_counter() - t0
 
 
@@ -101,10 +105,10 @@ def cpu_seconds(pid):
 
 
 if __name__ == "__main__":
-    port, streams, requests, new_tokens, *pid = (int(a) for a in sys.argv[1:])
+    port, streams, seconds, new_tokens, *pid = (float(a) if i == 2 else int(a) for i, a in enumerate(sys.argv[1:]))
     asyncio.run(one_stream(port, "What is 1+2?", 4))  # a warm-up reply
     cpu0 = cpu_seconds(pid[0]) if pid else None
-    results, wall = asyncio.run(load(port, streams, requests, new_tokens))
+    results, wall = asyncio.run(load(port, streams, seconds, new_tokens))
     cpu1 = cpu_seconds(pid[0]) if pid else None
     cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0  # the server's CPU seconds during the load
     print(json.dumps({"results": results, "wall": wall, "server_cpu": cpu}))
