@@ -122,7 +122,8 @@ def run(args):
 
     from benchmarks.report import Table
     from gptkit.train.mfu import estimate_mfu, measure_matmul_flops, peak_flops_for_device
-    from model import GPT, GPTConfig
+    from gptkit.params import meta_model
+    from model import GPTConfig
 
     names = [n.strip() for n in args.model.split(",") if n.strip()]
     unknown = [n for n in names if n not in SHAPES]
@@ -152,8 +153,7 @@ def run(args):
             else:
                 peak = getattr(args, "cpu_peak_flops", None) or measure_matmul_flops("cpu")
             mfu = f"{100 * estimate_mfu(model_cfg, tokens_per_s, peak):.1f}%" if peak else "n/a"
-            with torch.device("meta"):  # parameter count without allocating
-                params = GPT(model_cfg).num_params() / 1e6
+            params = meta_model(model_cfg).num_params() / 1e6  # no memory allocated
             table.add_row(name, params, shape["block_size"], shape["batch_size"], device, config["dtype"],
                           compile_cell(config), ms, tokens_per_s, mfu, memory_cell(last))
     return [table]

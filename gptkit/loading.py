@@ -17,6 +17,7 @@ from gptkit.checkpoint import FORMAT_VERSION, checked_model_config, load_checkpo
 from gptkit.config import read_config_file
 from gptkit.errors import UserError
 from gptkit.interop.hf_gpt2 import HUB_NAMES
+from gptkit.params import meta_model
 from gptkit.paths import shown
 from gptkit.interop.nanogpt import (
     is_nanogpt_checkpoint,
@@ -161,15 +162,14 @@ def model_from_checkpoint(ckpt, source, data_dir="data", meta=None):
     layers = {k.split(".")[2] for k in state if k.startswith("transformer.h.") and k.count(".") >= 3}
     if len(layers) != config.n_layer:
         raise UserError(f"{source}: its model_config says n_layer={config.n_layer} but the weights hold {len(layers)} blocks")
-    # Build the model's shape on the meta device first (no memory): the config's sizes
+    # Build the model's shapes on the meta device first (no memory): the config's sizes
     # must match the tensors the file really holds before anything is allocated.
     wte = state.get("transformer.wte.weight")
     if wte is None or wte.dim() != 2 or wte.shape[1] != config.n_embd:
         raise UserError(f"the weights in {source} do not fit the model its config describes: "
                         f"n_embd={config.n_embd}, token embedding {tuple(wte.shape) if wte is not None else 'missing'}")
     try:
-        with torch.device("meta"):
-            load_weights(GPT(config), state, source, check_only=True)
+        load_weights(meta_model(config), state, source, check_only=True)
     except RuntimeError as e:  # sizes too large to even describe
         raise UserError(f"{source}: its model_config describes an impossible model ({str(e).splitlines()[0]})")
     model = GPT(config)

@@ -44,8 +44,29 @@ def _matches(param_name, marker):
     return any(m in param_name for m in markers)
 
 
+class ShapesOnly(torch.overrides.TorchFunctionMode):
+    """Around building a model whose shapes alone are wanted: torch.empty, which every
+    nn.Linear and nn.Embedding makes its weight with, gives meta tensors (shapes, no
+    memory), and in-place initialisers (nn.init's normal_, zero_, ...) leave meta tensors
+    alone; the rest (a norm's ones, a table of RoPE angles) is computed as usual. Not
+    `with torch.device("meta")`: under it every operation runs PyTorch's reference
+    implementations, whose first use imports torch.compile's machinery, about a second of
+    start-up for each command that checks a checkpoint's shapes (measured)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.empty:
+            kwargs = {**kwargs, "device": "meta"}
+        name = getattr(func, "__name__", "")
+        target = args[0] if args else kwargs.get("tensor")  # nn.init's functions pass tensor=
+        if name.endswith("_") and not name.startswith("__") and getattr(target, "is_meta", False):
+            return target
+        return func(*args, **kwargs)
+
+
 def meta_model(config):
-    with torch.device("meta"):  # shapes only, no memory
+    """GPT(config) with its weights on the meta device: shapes only, no memory."""
+    with ShapesOnly():
         return GPT(config)
 
 

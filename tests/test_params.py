@@ -98,3 +98,48 @@ def test_unprepared_dataset_says_what_vocabulary_it_assumed(tmp_path, monkeypatc
 def test_lab_params_help(capsys):
     assert lab.main(["params", "--help"]) == 0
     assert "lab.py params configs/gpt2.py" in capsys.readouterr().out
+
+
+VARIANTS = [
+    dict(),  # GPT-2's block: learned positions, LayerNorm, GELU, tied embeddings, biases
+    dict(pos_encoding="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, tie_embeddings=False, logit_softcap=15.0),
+    dict(pos_encoding="sinusoidal", bias=False, mlp="swiglu", n_kv_head=2),
+    dict(pos_encoding="none", norm_placement="post", mlp="gelu_exact"),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_meta_model_has_the_built_models_shapes_and_allocates_no_matrix(variant):
+    import torch
+    from model import GPT
+
+    config = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=50, **variant)
+    meta, real = params.meta_model(config), GPT(config)
+    assert {k: v.shape for k, v in meta.state_dict().items()} == {k: v.shape for k, v in real.state_dict().items()}
+    matrices = [p for p in meta.parameters() if p.dim() == 2]
+    assert matrices and all(p.is_meta for p in matrices)
+    assert sum(p.numel() for p in meta.parameters()) == sum(p.numel() for p in real.parameters())
+    assert not any(p.is_meta for p in GPT(config).parameters())  # the mode ends with meta_model
+
+
+def test_loading_a_checkpoint_leaves_torch_compile_unimported(tmp_path):
+    """The shape check before allocating (gptkit/loading.py) builds on meta tensors without
+    PyTorch's reference implementations, whose first use imports torch._dynamo: about a
+    second of every sample.py, serve.py and eval.py start (measured)."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from gptkit.checkpoint import save_checkpoint
+    from model import GPT
+
+    config = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=20, pos_encoding="rope")
+    save_checkpoint({"format_version": 1, "model": GPT(config).state_dict(),
+                     "model_config": dataclasses.asdict(config),
+                     "tokenizer": {"type": "char", "chars": [chr(97 + i) for i in range(20)]}}, tmp_path / "ckpt.pt")
+    code = ("import sys; from gptkit import loading; from gptkit.checkpoint import load_checkpoint; "
+            f"p = {str(tmp_path / 'ckpt.pt')!r}; loading.model_from_checkpoint(load_checkpoint(p), p); "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

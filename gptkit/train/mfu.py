@@ -28,7 +28,8 @@ import torch
 
 from gptkit.atomic import atomic_write
 from gptkit.errors import RunFailed
-from model import GPT, GPTConfig
+from gptkit.params import meta_model
+from model import GPTConfig
 
 
 # Peak dense bf16 tensor throughput, from NVIDIA's datasheets (they print the "with
@@ -63,8 +64,7 @@ def flops_per_token(config):
 @functools.lru_cache(maxsize=8)
 def _flops_per_token(*fields):
     config = GPTConfig(*fields)
-    with torch.device("meta"):  # shapes only: no memory, even for 7B
-        model = GPT(config)
+    model = meta_model(config)  # shapes only: no memory, even for 7B
     n = model.num_params(non_embedding=True) + model.lm_head.weight.numel()
     return 6 * n + 12 * config.n_layer * config.block_size * config.n_embd
 
