@@ -153,3 +153,27 @@ def test_history_survives_a_reload_replies_regenerate_and_edits_resend(browser, 
     wait.until(lambda b: server.name in b.find_element(By.ID, "status").text)
     assert texts(".user") == ["what is new"] and texts(".assistant") == [edited.strip()]
     assert not browser.find_elements(By.CSS_SELECTOR, ".error")
+
+
+def test_an_empty_reply_stays_a_turn_with_its_figures(browser, server):
+    """A reply the server ended before any text (here max_tokens 0; at a high temperature,
+    a stop token drawn first) keeps its turn: the user's message stays, with an empty reply
+    and its token counts, where a page that dropped it lost the message (and Regenerate's
+    wait for a reply never ended)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 30, poll_frequency=0.05)
+    browser.find_element(By.ID, "clear").click()
+    browser.execute_script("document.querySelector('details').open = true")
+    browser.find_element(By.ID, "max_tokens").clear()
+    browser.find_element(By.ID, "max_tokens").send_keys("0")
+    browser.find_element(By.ID, "input").send_keys("hello there", Keys.ENTER)
+    wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, ".assistant[data-done]")
+               and b.find_element(By.ID, "send").is_enabled())
+    assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".user")] == ["hello there"]
+    assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".assistant")] == [""]
+    (stats,) = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".stats")]
+    assert " prompt tokens · 0 reply tokens · " in stats
+    assert not browser.find_elements(By.CSS_SELECTOR, ".error")
