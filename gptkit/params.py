@@ -65,7 +65,7 @@ class ShapesOnly(torch.overrides.TorchFunctionMode):
 
 
 def meta_model(config):
-    """GPT(config) with its weights on the meta device: shapes only, no memory."""
+    """GPT(config) with its matrices on the meta device: shapes only, no memory for them."""
     with ShapesOnly():
         return GPT(config)
 

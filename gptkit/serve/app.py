@@ -234,8 +234,8 @@ class EventStream:
     on 16 streams would make one per token each), and after a write the next waits
     until `interval` seconds have passed (--stream_interval), so the tokens made
     meanwhile join it: the first token and the reply's end go out at once, the events
-    themselves are the same. A send that fails (the client left) cancels the job at once, as the
-    disconnect watcher does."""
+    themselves are the same. A send that fails (the client left) cancels the job at
+    once, as the disconnect watcher does."""
 
     def __init__(self, chunks, events, job, watcher, interval=0.0):
         self.chunks, self.events, self.job, self.watcher = chunks, events, job, watcher
