@@ -166,8 +166,6 @@ def decode_scores(model, windows):
 
 def int8_cost(label, model, windows):
     """One row: float32 against int8 weights on the same windows, through the decode step."""
-    import copy
-
     full, int8 = with_parts(model, "float32"), with_parts(model, "int8")
     loss32, top32, logits32 = decode_scores(full, windows)
     loss8, top8, logits8 = decode_scores(int8, windows)
@@ -255,6 +253,7 @@ def measure(args, work):
 
     from benchmarks.bench_sample import measure_floor_rates
     from benchmarks.report import Table
+    from gptkit import cpu_linears
     from gptkit.interop.hf_gpt2 import export_gpt2
 
     if args.new_tokens < 3:
@@ -269,10 +268,9 @@ def measure(args, work):
                 "ours, --dtype float16 (Float16Linear)": lambda: ours(parts["float16"], n),
                 f"ours, --dtype int8 (Int8Linear, {product})": lambda: ours(parts["int8"], n)}
     if parts["int8"].transformer.h[0].mlp.c_fc.kernel is not None:  # the product it replaced, for comparison
-        parts["int8 torch"] = with_parts(model, "int8")
-        for module in parts["int8 torch"].modules():
-            if hasattr(module, "kernel"):
-                module.kernel = None
+        parts["int8 torch"] = copy.deepcopy(model)
+        for parent, attr, _, linear in list(cpu_linears.linears(parts["int8 torch"])):
+            setattr(parent, attr, cpu_linears.Int8Linear(linear))  # no kernel: torch._weight_int8pack_mm
         samplers["ours, --dtype int8 (Int8Linear, torch._weight_int8pack_mm)"] = lambda: ours(parts["int8 torch"], n)
     try:
         import transformers

@@ -118,8 +118,6 @@ def memory_cell(record):
 
 
 def run(args):
-    import torch
-
     from benchmarks.report import Table
     from gptkit.train.mfu import estimate_mfu, measure_matmul_flops, peak_flops_for_device
     from gptkit.params import meta_model

@@ -20,21 +20,16 @@ encode are skipped and counted, never silently dropped.
 
 import json
 import math
-import os
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from gptkit.errors import UserError
+from gptkit.paths import cache_dir
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 FILE_NAME = "hellaswag_val.jsonl"
-
-
-def cache_dir():
-    """Where `--hellaswag download` keeps the file: $GPTKIT_CACHE_DIR/hellaswag or ~/.cache/gptkit/hellaswag."""
-    return Path(os.environ.get("GPTKIT_CACHE_DIR", Path.home() / ".cache" / "gptkit")) / "hellaswag"
 
 
 def resolve_file(given):
@@ -46,7 +41,7 @@ def resolve_file(given):
         return path
     from gptkit.interop.hf_gpt2 import DownloadFailed, download_file
 
-    path = cache_dir() / FILE_NAME
+    path = cache_dir("hellaswag") / FILE_NAME  # where `--hellaswag download` keeps it
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

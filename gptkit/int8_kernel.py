@@ -11,9 +11,9 @@ product written out with the instruction made for it (vpdpbusd: 64 byte products
 step), ~40 lines.
 
 The library is built once per source, compiler and CPU with `$CC` (default `cc`)
-`-O3 -march=native` into $GPTKIT_CACHE_DIR/int8_kernel (default
-~/.cache/gptkit/int8_kernel), written beside and renamed into place, so processes
-building at once never load a half-written file. No compiler, a failed build or a
+`-O3 -march=native` into gptkit's cache folder (gptkit/paths.py's cache_dir:
+$GPTKIT_CACHE_DIR/int8_kernel, default ~/.cache/gptkit/int8_kernel), written beside
+and renamed into place, so processes building at once never load a half-written file. No compiler, a failed build or a
 CPU without AVX-512 VNNI: `load` says why in one line and Int8Linear keeps
 torch._weight_int8pack_mm. The kernel runs on one thread; with more torch threads
 Int8Linear uses PyTorch's threaded product.
@@ -28,15 +28,11 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from gptkit.paths import temp_path
+from gptkit.paths import cache_dir, temp_path
 
 SOURCE = Path(__file__).with_name("int8_kernel.c")
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
 BUILD_SECONDS = 120
-
-
-def cache_dir():
-    return Path(os.environ.get("GPTKIT_CACHE_DIR", Path.home() / ".cache" / "gptkit")) / "int8_kernel"
 
 
 def cpu_flags():
@@ -55,7 +51,7 @@ def load():
     """(the ctypes library, None) where the kernel is built and this CPU has VNNI, else (None, why)."""
     compiler = shlex.split(os.environ.get("CC", "cc"))
     key = hashlib.sha256("\0".join([SOURCE.read_text(), *compiler, *FLAGS, cpu_flags()]).encode()).hexdigest()[:16]
-    library = cache_dir() / f"int8_kernel-{key}.so"
+    library = cache_dir("int8_kernel") / f"int8_kernel-{key}.so"
     if not library.is_file():
         why = build(compiler, library)
         if why:

@@ -53,6 +53,13 @@ def shown(path, limit=160):
     return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 4:]}"
 
 
+def cache_dir(name):
+    """gptkit's cache folder for `name` (downloads, a measured peak, a built kernel):
+    $GPTKIT_CACHE_DIR/name, else $XDG_CACHE_HOME/gptkit/name, else ~/.cache/gptkit/name."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(os.environ.get("GPTKIT_CACHE_DIR") or Path(base) / "gptkit") / name
+
+
 def temp_name(name, tag):
     """`.<name>.tmp-<tag>`, with `name` cut (and a hash of it added) so the whole fits NAME_MAX."""
     full = f".{name}{TEMP_MARK}{tag}"

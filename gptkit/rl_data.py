@@ -19,7 +19,6 @@ Pairs, in the layouts TRL and the Hugging Face datasets use:
 """
 
 import json
-import os
 import random
 import re
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from gptkit.chat import check_conversation
 from gptkit.errors import UserError
+from gptkit.paths import cache_dir
 from gptkit.prepare.arithmetic import SEED, held_out_sums
 
 MAX_FILE_BYTES = 1 << 30
@@ -61,7 +61,7 @@ def gsm8k_file(split):
     """GSM8K's `split` (train or test) file, downloaded once into the cache folder."""
     from gptkit.interop.hf_gpt2 import DownloadFailed, download_file
 
-    folder = Path(os.environ.get("GPTKIT_CACHE_DIR", Path.home() / ".cache" / "gptkit")) / "gsm8k"
+    folder = cache_dir("gsm8k")
     path = folder / f"{split}.jsonl"
     if path.is_file():
         return path

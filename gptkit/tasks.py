@@ -31,6 +31,7 @@ from pathlib import Path
 
 from gptkit import hellaswag
 from gptkit.errors import UserError
+from gptkit.paths import cache_dir
 
 HUB_URL = "https://huggingface.co"
 LETTERS = "ABCDEFGHIJ"
@@ -111,10 +112,6 @@ def parse_files(pairs):
     return files
 
 
-def cache_dir():
-    return Path(os.environ.get("GPTKIT_CACHE_DIR", Path.home() / ".cache" / "gptkit")) / "tasks"
-
-
 def resolve_file(task, given=None, hub_url=None):
     """The file to read for `task`: `given`, or the cached copy, fetched when missing."""
     if given is not None:
@@ -128,7 +125,7 @@ def resolve_file(task, given=None, hub_url=None):
         return hellaswag.resolve_file("download")
     from gptkit.interop.hf_gpt2 import DownloadFailed, download_file
 
-    path = cache_dir() / task.name / task.file.rsplit("/", 1)[-1]
+    path = cache_dir("tasks") / task.name / task.file.rsplit("/", 1)[-1]
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 from repo import REPO, SHAKESPEARE
 
+
 def sample_text(n_chars=60_000):
     """Tiny Shakespeare's first n_chars when a local copy is found (repo.SHAKESPEARE), else
     a generated stand-in of the same shape: speakers' names, lines of words, every

@@ -29,6 +29,7 @@ import torch
 from gptkit.atomic import atomic_write
 from gptkit.errors import RunFailed
 from gptkit.params import meta_model
+from gptkit.paths import cache_dir
 from model import GPTConfig
 
 
@@ -115,11 +116,6 @@ CPU_PEAK_FILE = "cpu_peak.json"
 CPU_PEAK_FORMAT = 1  # bump to ignore files written by an older way of measuring
 
 
-def cache_dir():
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(os.environ.get("GPTKIT_CACHE_DIR") or Path(base) / "gptkit")
-
-
 def cpu_model():
     """The CPU's model name (Linux's /proc/cpuinfo), else what platform knows."""
     try:
@@ -151,7 +147,7 @@ def cpu_peak_flops(measure=None):
     raised to the best cached one; a new best is written back (atomically). A cache
     that cannot be written only costs the stability, never the run."""
     measured = (measure or (lambda: measure_matmul_flops("cpu", seconds=0.3)))()
-    path = cache_dir() / CPU_PEAK_FILE
+    path = cache_dir(CPU_PEAK_FILE)
     peaks = _read_peaks(path)
     key = cpu_machine_key()
     cached = peaks.get(key)
