@@ -38,7 +38,7 @@ class StaticKVCache:
     def __init__(self, model, batch_size, max_length):
         c = model.config
         assert max_length <= c.block_size, f"a cache of {max_length} positions exceeds block_size={c.block_size}"
-        weight = model.lm_head.weight  # the dtype and device the model's keys and values come in
+        weight = next(model.parameters())  # the dtype and device the model's keys and values come in
         shape = (batch_size, c.kv_heads, max_length, c.head_dim)
         self.k = [weight.new_zeros(shape) for _ in range(c.n_layer)]
         self.v = [weight.new_zeros(shape) for _ in range(c.n_layer)]

@@ -17,7 +17,7 @@ from gptkit.checkpoint import FORMAT_VERSION, checked_model_config, load_checkpo
 from gptkit.config import read_config_file
 from gptkit.errors import UserError
 from gptkit.interop.hf_gpt2 import HUB_NAMES
-from gptkit.params import meta_model
+from gptkit.params import blocks_held, meta_model, vocabulary_matrices
 from gptkit.paths import shown
 from gptkit.interop.nanogpt import (
     is_nanogpt_checkpoint,
@@ -159,15 +159,17 @@ def model_from_checkpoint(ckpt, source, data_dir="data", meta=None):
     bad = non_finite_tensors(state, "weights")
     if bad:
         raise UserError(f"{source}: {bad[0]} holds NaN or inf; these weights cannot generate text")
-    layers = {k.split(".")[2] for k in state if k.startswith("transformer.h.") and k.count(".") >= 3}
-    if len(layers) != config.n_layer:
-        raise UserError(f"{source}: its model_config says n_layer={config.n_layer} but the weights hold {len(layers)} blocks")
     # Build the model's shapes on the meta device first (no memory): the config's sizes
-    # must match the tensors the file really holds before anything is allocated.
-    wte = state.get("transformer.wte.weight")
-    if wte is None or wte.dim() != 2 or wte.shape[1] != config.n_embd:
+    # must match the tensors the file really holds before anything is allocated. Before
+    # even that, two sizes whose shapes would cost time or memory to build are checked
+    # against the file, by what its tensors are rather than by model.py's names (a
+    # learner's renamed module loads): its blocks and its width.
+    held = blocks_held(state)
+    if config.n_layer > held:
+        raise UserError(f"{source}: its model_config says n_layer={config.n_layer} but the weights hold {held} blocks")
+    if not any(config.n_embd in v.shape for v in state.values()):
         raise UserError(f"the weights in {source} do not fit the model its config describes: "
-                        f"n_embd={config.n_embd}, token embedding {tuple(wte.shape) if wte is not None else 'missing'}")
+                        f"n_embd={config.n_embd} is the size of none of its tensors")
     try:
         load_weights(meta_model(config), state, source, check_only=True)
     except RuntimeError as e:  # sizes too large to even describe
@@ -258,7 +260,7 @@ def adapted_model(record, adapters, source, block_size, dropout=0.0, lora_dropou
     model = lora_base(record, source, dropout)
     trained = record.get("trained")
     if trained is not None:  # a chat run on a base without turn tokens: grown, its embedding trained
-        if trained != lora.TOKEN_EMBEDDING or not isinstance(record.get("vocab_size"), int) or record["vocab_size"] < model.config.vocab_size:
+        if trained != vocabulary_matrices(model) or not isinstance(record.get("vocab_size"), int) or record["vocab_size"] < model.config.vocab_size:
             raise UserError(f"{source}: its LoRA settings name weights trained beside the adapters that this code does not know")
         model.grow_vocab(record["vocab_size"])
     if block_size < model.config.block_size:

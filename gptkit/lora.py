@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptkit.errors import UserError
+from gptkit.params import blocks, vocabulary_matrices
 
 TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # the block's matrices, by module name
 ADAPTER_MARK = ".lora_"  # adapter parameter names end in .lora_A or .lora_B
@@ -82,9 +83,15 @@ def check_rank(model, rank, targets):
     """UserError unless `rank` is at most the smaller side of every layer it adapts: the
     update B·A of an (out, in) layer has rank at most min(out, in), so a larger rank only
     adds parameters (and memory: B and A grow with it) that cannot change what it learns."""
-    block = model.transformer.h[0]
+    block = blocks(model)[1][0]
     for target in targets:
-        layer = block.get_submodule(target)
+        try:
+            layer = block.get_submodule(target)
+        except AttributeError:
+            raise UserError(f"lora_targets: model.py's blocks have no {target} (renamed in model.py? "
+                            f"its modules: {', '.join(n for n, _ in block.named_modules() if n)})") from None
+        if type(layer) is not nn.Linear:
+            raise UserError(f"lora_targets: {target} is a {type(layer).__name__} in model.py, not an nn.Linear")
         width = min(layer.in_features, layer.out_features)
         if rank > width:
             raise UserError(
@@ -99,7 +106,7 @@ def apply(model, rank, alpha, dropout, targets):
     LoRALinear; returns the model (changed in place). `targets` are names from TARGETS."""
     for p in model.parameters():
         p.requires_grad_(False)
-    for block in model.transformer.h:
+    for block in blocks(model)[1]:
         for target in targets:
             owner_name, _, layer_name = target.rpartition(".")
             owner = block.get_submodule(owner_name)
@@ -140,18 +147,16 @@ def merge(model):
     return model
 
 
-TOKEN_EMBEDDING = ["transformer.wte.weight", "lm_head.weight"]  # both names, tied or not
-
-
 def train_token_embedding(model):
     """Let the token embedding and output layer train beside the adapters (peft's
     modules_to_save), as a model that gained ids needs: a chat run's new turn tokens
     (gptkit/chat.py) start as the mean row and must learn their own. They are saved
     with the adapters, and the model's grown vocab_size with the LoRA settings."""
     params = dict(model.named_parameters(remove_duplicate=False))
-    for name in TOKEN_EMBEDDING:
+    names = vocabulary_matrices(model)  # both names, tied or not
+    for name in names:
         params[name].requires_grad_(True)
-    model.lora_spec["trained"] = list(TOKEN_EMBEDDING)
+    model.lora_spec["trained"] = names
     model.lora_spec["vocab_size"] = model.config.vocab_size
 
 

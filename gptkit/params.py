@@ -21,6 +21,7 @@ import difflib
 import typing
 
 import torch
+import torch.nn as nn
 
 from gptkit.config import check_value, parse_value, read_config_file, split_argv
 from gptkit.dataset import dataset_dir, load_meta, prepare_command
@@ -35,6 +36,7 @@ COMPONENTS = (
     ("block norms (ln_1, ln_2)", (".ln_1.", ".ln_2.")),
     ("final norm (ln_f)", "transformer.ln_f."),
     ("output layer (lm_head)", "lm_head."),
+    ("other (names model.py's edits added)", ""),  # "" is in every name: what matched none above
 )
 EMBEDDING_COMPONENTS = ("token embedding (wte)", "position embedding (wpe)", "output layer (lm_head)")
 
@@ -68,6 +70,40 @@ def meta_model(config):
     """GPT(config) with its matrices on the meta device: shapes only, no memory for them."""
     with ShapesOnly():
         return GPT(config)
+
+
+def blocks(model):
+    """(name, nn.ModuleList) of the model's Transformer blocks: model.py's transformer.h,
+    found by what it is (the first module list of config.n_layer modules that holds
+    matrices), not by its name, so code that treats the blocks apart (Muon, LoRA, FSDP)
+    still runs after a learner renames them in model.py."""
+    for name, module in model.named_modules():
+        if (isinstance(module, nn.ModuleList) and len(module) == model.config.n_layer
+                and any(p.ndim == 2 for p in module.parameters())):
+            return name, module
+    raise UserError(f"model.py's GPT has no list of its {model.config.n_layer} blocks (an nn.ModuleList of "
+                    "n_layer modules with matrices, transformer.h as written)")
+
+
+def vocabulary_matrices(model):
+    """Names of the token embedding's and the output layer's matrices (both, tied or not:
+    model.py's transformer.wte.weight and lm_head.weight), found by what they are: the
+    2-D parameters outside the blocks with a row per token of the padded vocabulary."""
+    inside, _ = blocks(model)
+    return [name for name, p in model.named_parameters(remove_duplicate=False) if p.ndim == 2 and not name.startswith(inside + ".")
+            and p.size(0) == model.config.padded_vocab_size]
+
+
+def blocks_held(state):
+    """How many blocks a state dict holds, whatever model.py names them: the most numbered
+    children of any one module in its names ('transformer.h.0.attn...' ... 'h.5...': 6)."""
+    numbered = {}
+    for key in state:
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            if part.isdigit():
+                numbered.setdefault(tuple(parts[:i]), set()).add(part)
+    return max(map(len, numbered.values()), default=0)
 
 
 def parameter_table(config):

@@ -13,6 +13,7 @@ defaults must equal model.py's own path, differ from the unedited tree's, and no
 may print a traceback."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -27,11 +28,17 @@ ADDED = [("        self.mlp = MLP(config)\n",
           "        self.mlp = MLP(config)\n        self.gate = nn.Linear(config.n_embd, config.n_embd)\n"),
          ("            return x + self.mlp(self.ln_2(x))\n",
           "            x = x + self.mlp(self.ln_2(x))\n            return x + 0.5 * torch.tanh(self.gate(x))\n")]
+# Every use of a name renamed at once, as a learner's editor does it: the output layer, the
+# blocks' list, the token embedding and the RMSNorm class (which gptkit/fused.py swaps).
+RENAMED_EVERYWHERE = {r"\blm_head\b": "head", r"\bh=nn\.ModuleList": "blocks=nn.ModuleList",
+                      r"\btransformer\.h\b": "transformer.blocks", r"\bwte\b": "tok_emb",
+                      r"\bRMSNorm\b": "RootMeanSquareNorm"}
 EDITS = {  # name: [(old, new), ...], each old found once in model.py
     "mlp": [("        return self.dropout(self.c_proj(h))\n",
              "        return self.dropout(self.c_proj(h)) * 0.5\n")],
     "activation": [("        return F.relu(h).square()\n", "        return F.relu(h).clamp(max=0.001).square()\n")],
     "renamed": RENAMED,
+    "renamed_everywhere": RENAMED_EVERYWHERE,
     "added": ADDED,
     "attention": [("        q, k, v = self.qkv(x, start)\n",
                    "        q, k, v = self.qkv(x, start)\n        q = q * 3.0  # scores scaled\n")],
@@ -171,10 +178,16 @@ def test_unedited_the_fast_paths_run_and_are_named(unedited):
 
 
 def edited_tree(tmp_path, *edits):
+    """A copy of the tree with model.py edited: (old, new) pairs, each old found once, or
+    a dict {pattern: new} of renames, every match replaced."""
     tree = tmp_path / "tree"
     shutil.copytree(REPO, tree, ignore=beside_the_code)
     source = (tree / "model.py").read_text()
-    for old, new in edits:
+    if len(edits) == 1 and isinstance(edits[0], dict):
+        for pattern, new in edits[0].items():
+            source, found = re.subn(pattern, new, source)
+            assert found, pattern
+    for old, new in () if isinstance(edits[0], dict) else edits:
         assert source.count(old) == 1
         source = source.replace(old, new)
     (tree / "model.py").write_text(source)
@@ -183,14 +196,15 @@ def edited_tree(tmp_path, *edits):
 
 @pytest.mark.parametrize("edit", sorted(EDITS))
 def test_an_edit_to_model_py_is_what_trains_and_samples(edit, tiny_data, unedited, tmp_path):
-    tree = edited_tree(tmp_path, *EDITS[edit])
+    edits = EDITS[edit]
+    tree = edited_tree(tmp_path, *([edits] if isinstance(edits, dict) else edits))
     if edit == "renamed":  # every use renamed: none left
         assert "c_fc" not in (tree / "model.py").read_text()
     got = probe(tree, tiny_data, edit)
     assert "Traceback" not in json.dumps(got)
     # training follows the edit, whichever kernels were asked for
     assert got["fused"]["losses"] == pytest.approx(got["model"]["losses"], abs=1e-5)
-    same = edit == "renamed"  # a new name computes what the old one did; every other edit changes it
+    same = edit.startswith("renamed")  # a new name computes what the old one did; every other edit changes it
     assert (got["fused"]["losses"] == pytest.approx(unedited["fused"]["losses"], abs=1e-5)) == same
     if edit == "rmsnorm":  # the one fused module this edit touches: it fell back, and said so
         assert "kernels: gptkit/fused.py's RMSNorm does not match model.py's" in got["fused"]["log"]
@@ -229,3 +243,35 @@ def test_edits_to_the_fused_formulas_for_some_inputs_or_in_training_only_fall_ba
     assert got["fused"]["losses"] == pytest.approx(got["model"]["losses"], abs=1e-5)
     # RMSNorm scaled in training: the run trains the edit (the tiny run's h stays below 3.5)
     assert got["fused"]["losses"] != pytest.approx(unedited["fused"]["losses"], abs=1e-5)
+
+
+def test_renamed_modules_train_with_muon_resume_fine_tune_and_refuse_to_convert(tiny_data, tmp_path):
+    """What finds the model's parts by what they are, not by model.py's names: Muon's
+    matrices (the blocks' list), LoRA's blocks and its trained vocabulary matrices, the
+    MFU's count, the checkpoint's shape check. The exports map names one by one: they
+    refuse, in one line, a model whose names they cannot place, and write nothing."""
+    tree = edited_tree(tmp_path, RENAMED_EVERYWHERE)
+    out = tmp_path / "out"
+    common = [f"--data_dir={tiny_data / 'data'}", "--dataset=tiny", "--n_layer=2", "--n_head=2", "--n_embd=32",
+              "--block_size=32", "--batch_size=4", "--gradient_accumulation_steps=1", "--eval_iters=1",
+              "--compile=false", "--device=cpu", "--progress_bar=false",
+              "--norm=rmsnorm", "--mlp=swiglu", "--pos_encoding=rope", "--bias=false"]  # LLaMA-shaped: it exports
+
+    def run(*args):
+        done = subprocess.run([sys.executable, *args], cwd=tree, capture_output=True, text=True, timeout=300)
+        assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+        return done
+
+    for steps in (4, 6):  # 6: resumed from the 4th step's checkpoint
+        done = run("train.py", *common, f"--out_dir={out}", f"--max_iters={steps}", "--eval_interval=2",
+                   "--optimizer=muon", *(["--init_from=resume"] if steps == 6 else []))
+        assert done.returncode == 0 and f"done: {steps} iterations" in done.stdout, done.stdout[-2000:]
+    done = run("train.py", *common, f"--out_dir={out}-lora", f"--init_from={out}", "--lora_rank=2",
+               "--max_iters=2", "--eval_interval=2")
+    assert done.returncode == 0, done.stdout[-2000:]
+    done = run("sample.py", f"--out_dir={out}-lora", "--start=the", "--max_new_tokens=8", "--num_samples=1")
+    assert done.returncode == 0 and "LoRA rank 2" in done.stderr and done.stdout.strip(), done.stderr
+    for to, dest in (("hf", tmp_path / "hf"), ("gguf", tmp_path / "model.gguf")):
+        done = run("convert.py", str(out), str(dest), "--to", to)
+        assert done.returncode == 2 and not dest.exists(), done.stderr
+        assert done.stderr.count("\n") == 1 and "transformer.tok_emb.weight" in done.stderr and "nothing was written" in done.stderr

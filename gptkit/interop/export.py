@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 from gptkit.atomic import atomic_write
 from gptkit.chat import chat_vocabulary
 from gptkit.errors import RunFailed, UserError
+from gptkit.interop import check_mapped_names, missing_weight
 from gptkit.interop.hf_gpt2 import export_gpt2, gpt2_mismatches
 from gptkit.interop.hf_llama import export_llama, llama_mismatches
 from gptkit.interop.hf_tokenizer import write_tokenizer
@@ -67,15 +68,19 @@ def export_hf(source, dest, data_dir="data"):
     dest = claim_output(dest, "folder", what="DEST")  # new or empty; convert.py checked it before loading too
     model, tokenizer, summary = load_source(source, data_dir)
     architecture = hf_architecture(model.config)  # before anything is written
+    check_mapped_names(model.state_dict(), "--to hf")
     # A new folder: published only if nothing appeared there meanwhile (gptkit/atomic.py).
     try:
         with atomic_write(dest, replace=False, folder=True) as tmp:
             turns = chat_vocabulary(model.config.vocab_size, tokenizer.vocab_size)  # a chat model's turn tokens
             eot = write_tokenizer(tokenizer.to_dict(), tmp, model.config.block_size, turns)
-            if architecture == "gpt2":
-                export_gpt2(model, tmp)
-            else:
-                export_llama(model, tmp, eos_token_id=eot)
+            try:
+                if architecture == "gpt2":
+                    export_gpt2(model, tmp)
+                else:
+                    export_llama(model, tmp, eos_token_id=eot)
+            except KeyError as e:
+                raise missing_weight(e, "--to hf")
             if turns is not None:
                 end_generation_at(tmp / "config.json", turns["<|end|>"])
     except SafetensorError as e:  # a full disk (safetensors says "I/O error"): the environment failed

@@ -43,6 +43,7 @@ from gptkit.atomic import atomic_write
 from gptkit.chat import CHAT_TEMPLATE, chat_vocabulary
 from gptkit.device import F16_MAX, F16_OVERFLOW
 from gptkit.errors import UserError
+from gptkit.interop import check_mapped_names, missing_weight
 from gptkit.interop.hf_llama import llama_block
 from gptkit.interop.hf_tokenizer import EOT, bpe_merges, byte_symbols
 from gptkit.paths import claim_output
@@ -271,10 +272,11 @@ def export_gguf(source, dest, outtype="f16", data_dir="data"):
     architecture = gguf_architecture(model.config)  # before anything is written
     vocab = gguf_vocab(tokenizer.to_dict(), model.config.vocab_size)
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-    if architecture == "gpt2":
-        tensors = gpt2_tensors(model, sd)
-    else:
-        tensors = llama_tensors(model, sd, architecture)
+    check_mapped_names(sd, "--to gguf")
+    try:
+        tensors = gpt2_tensors(model, sd) if architecture == "gpt2" else llama_tensors(model, sd, architecture)
+    except KeyError as e:
+        raise missing_weight(e, "--to gguf")
     encoded = {name: encode_tensor(name, tensor, outtype) for name, tensor in tensors.items()}  # checked first
     name = Path(source).resolve().parent.name if Path(source).is_file() else Path(source).resolve().name
     # A new name: published only if nothing appeared there meanwhile (gptkit/atomic.py).

@@ -30,6 +30,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from gptkit.errors import UserError
+from gptkit.params import blocks
 
 
 def check_settings(parallel, enabled, ptdtype):
@@ -59,7 +60,7 @@ def shard(model, compute_dtype):
     # AdamW's moments and the gradient reduce-scatter stay float32 (summing many
     # ranks' bf16 gradients would lose precision). float32 on CPUs: no casts at all.
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    for block in model.transformer.h:
+    for block in blocks(model)[1]:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model
@@ -67,7 +68,7 @@ def shard(model, compute_dtype):
 
 def checkpoint_blocks(model):
     """Recompute every block's activations in backward instead of keeping them."""
-    for block in model.transformer.h:
+    for block in blocks(model)[1]:
         # use_reentrant=False is torch's recommended mode (works with FSDP2 and keyword
         # arguments); the RNG state is saved, so dropout draws the same masks again.
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)

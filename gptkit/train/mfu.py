@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 
 from gptkit.atomic import atomic_write
 from gptkit.errors import RunFailed
@@ -66,7 +67,9 @@ def flops_per_token(config):
 def _flops_per_token(*fields):
     config = GPTConfig(*fields)
     model = meta_model(config)  # shapes only: no memory, even for 7B
-    n = model.num_params(non_embedding=True) + model.lm_head.weight.numel()
+    products = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}  # a tied wte among them
+    lookups = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding)}
+    n = sum(p.numel() for p in model.parameters()) - sum(v for k, v in lookups.items() if k not in products)
     return 6 * n + 12 * config.n_layer * config.block_size * config.n_embd
 
 

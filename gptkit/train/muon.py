@@ -24,6 +24,7 @@ matrix: `orthogonalize_whole` gathers the matrix first (one all-gather each).
 import torch
 
 from gptkit.device import matmul_dtype
+from gptkit.params import blocks
 
 # Coefficients of the quintic p(x) = a·x + b·x³ + c·x⁵ applied to the singular
 # values, from Keller Jordan's Muon (zeropower_via_newtonschulz5). They are
@@ -188,31 +189,26 @@ def normalize_neurons(update, state):
     return normed * (update.norm() / (normed.norm() + NS_EPS))
 
 
-BLOCK_PREFIX = "transformer.h."
-
-
 def split_params_for_muon(model):
     """([(name, p)] for Muon, [(name, p)] for AdamW) covering every trainable parameter.
 
-    Muon gets each 2-D parameter inside the Transformer blocks (names starting
-    with 'transformer.h.': attention and MLP matrices). AdamW gets the rest:
-    token/position embeddings, the output head, norm gains and biases; the
-    Muon post explains that embeddings and the head are not hidden-layer
-    matrices and do better with AdamW. `named_parameters()` lists a tied
+    Muon gets each 2-D parameter inside the Transformer blocks (model.py's
+    transformer.h, found by what it is: gptkit/params.py's blocks): attention and MLP
+    matrices. AdamW gets the rest: token/position embeddings, the output head, norm
+    gains and biases; the Muon post explains that embeddings and the head are not
+    hidden-layer matrices and do better with AdamW. `named_parameters()` lists a tied
     lm_head/wte weight once, so it lands in exactly one list.
     """
+    if not hasattr(model, "config"):
+        raise ValueError(f"{type(model).__name__} is not model.py's GPT: pass the raw GPT, not a DDP- or "
+                         "torch.compile-wrapped one")
+    prefix = blocks(model)[0] + "."
     muon, adamw = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if name.startswith(BLOCK_PREFIX) and p.ndim == 2:
+        if name.startswith(prefix) and p.ndim == 2:
             muon.append((name, p))
         else:
             adamw.append((name, p))
-    if not muon:
-        names = [name for name, _ in model.named_parameters()][:3]
-        raise ValueError(
-            f"no block matrices found (no 2-D parameter named '{BLOCK_PREFIX}*'; first names: "
-            f"{names}): pass the raw GPT, not a DDP- or torch.compile-wrapped one"
-        )
     return muon, adamw
