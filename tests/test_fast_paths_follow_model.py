@@ -17,11 +17,12 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from repo import REPO
-from serve_helpers import Server, post
+from serve_helpers import Server, post, write_checkpoint
 
 RENAMED = [("self.c_fc = nn.Linear(", "self.c_up = nn.Linear("), ("h = self.c_fc(x)", "h = self.c_up(x)")]
 ADDED = [("        self.mlp = MLP(config)\n",
@@ -172,7 +173,7 @@ def test_unedited_the_fast_paths_run_and_are_named(unedited):
     assert unedited["decode_true"]["text"] == unedited["decode_false"]["text"]
     assert unedited["chat_true"]["text"] == unedited["chat_false"]["text"]
     assert unedited["logits_True"] == pytest.approx(unedited["logits_False"], abs=1e-5)
-    assert swapped in unedited["serve"]["stderr"]
+    assert swapped in unedited["serve"]["stderr"] and "one at a time" not in unedited["serve"]["stderr"]
     assert "Traceback" not in json.dumps(unedited)
     assert unedited["fused"]["losses"] == pytest.approx(unedited["model"]["losses"], abs=1e-5)
 
@@ -275,3 +276,42 @@ def test_renamed_modules_train_with_muon_resume_fine_tune_and_refuse_to_convert(
         done = run("convert.py", str(out), str(dest), "--to", to)
         assert done.returncode == 2 and not dest.exists(), done.stderr
         assert done.stderr.count("\n") == 1 and "transformer.tok_emb.weight" in done.stderr and "nothing was written" in done.stderr
+
+
+# Edits that hold for one row and not for several: serve.py's batch of replies of
+# different lengths would attend to another row's padding, or fail on a tensor position.
+BATCH_BREAKING = {
+    "attention without the mask": [("attn_mask=mask, dropout_p=dropout_p, is_causal=(T > 1 and mask is None),",
+                                    "attn_mask=None, dropout_p=dropout_p, is_causal=T > 1,")],
+    "a position read as one number": [("        x = self.transformer.wte(idx)  # (B, T, C)\n",
+                                       "        x = self.transformer.wte(idx)  # (B, T, C)\n        x = x + 0.01 * int(start)\n")],
+}
+
+
+@pytest.mark.parametrize("edit", sorted(BATCH_BREAKING))
+def test_an_edit_that_cannot_batch_serves_one_reply_at_a_time_and_says_so(edit, tmp_path):
+    """serve.py checks at start that rows of different lengths run together as each runs
+    alone (gptkit/serve/batch.py's batching_differs); where they do not, replies run one at
+    a time, one line says why, and concurrent replies equal those of requests sent alone."""
+    tree = edited_tree(tmp_path, *BATCH_BREAKING[edit])
+    server = Server(f"--ckpt={write_checkpoint(tmp_path / 'plain.pt', chat=False)}", cwd=tree)
+    prompts = ["ab", "the cat sat on the mat and", "x", "a dog and a bird sat"]
+    replies = {}
+
+    def ask(prompt, key):
+        status, reply = post(server.url + "/v1/completions", {"prompt": prompt, "max_tokens": 16, "temperature": 0})
+        replies[key] = reply["choices"][0]["text"] if status == 200 else reply
+
+    try:
+        for prompt in prompts:
+            ask(prompt, ("alone", prompt))
+        threads = [threading.Thread(target=ask, args=(prompt, ("together", prompt))) for prompt in prompts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        _, said = server.stop()
+    assert "decode: replies run one at a time (--max_batch 1): model.py's forward does not batch" in said, said
+    assert "Traceback" not in said
+    assert [replies[("together", p)] for p in prompts] == [replies[("alone", p)] for p in prompts]

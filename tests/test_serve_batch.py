@@ -287,3 +287,41 @@ def test_a_stream_writes_at_most_once_per_interval_the_first_token_at_once_and_e
     assert [body for _, body in writes][:2] == ["data: 0\n\n", "data: 1\n\n"] and writes[1][0] < 0.1, writes
     writes = asyncio.run(stream(0.5, [0.005, 0.01], 0.01))  # token 1, then the end, soon after token 0's write
     assert tokens(writes) == ["0", "1", "[DONE]"] and writes[-1][0] < 0.25, writes  # not 0.5 s after it
+
+
+@pytest.mark.parametrize("variant", [{}, {"pos_encoding": "sinusoidal"},
+                                     {"pos_encoding": "rope", "qk_norm": True, "norm": "rmsnorm", "mlp": "relu2"},
+                                     {"norm": "rmsnorm", "mlp": "swiglu", "pos_encoding": "rope", "n_kv_head": 2},
+                                     {"pos_encoding": "none", "norm_placement": "post", "logit_softcap": 15.0},
+                                     {"attention": "reference"}])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+def test_model_py_as_written_batches_as_it_runs_alone_for_every_variant_and_part(variant, dtype):
+    """serve.py's start-up check passes on model.py as written: every position encoding,
+    norm, MLP and attention, with each of gptkit/cpu_linears.py's parts swapped in; and it
+    fails where a row's logits beside others are not its own (a model whose attention
+    ignores the padding mask)."""
+    from gptkit.generate import prepare_for_generating
+    from gptkit.serve.batch import batching_differs
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=50, **variant)).eval()
+    with torch.no_grad():  # sharper than the 0.02 init: logits that differ show it
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8)
+    prepare_for_generating(model, dataclasses.replace(BASE, cpu_decode=True, dtype=dtype), torch.device("cpu"),
+                           note=lambda line: None)
+    assert batching_differs(model, torch.device("cpu")) is None
+    for block in model.transformer.h:  # every query sees every column: another row's padding too
+        block.attn.forward = lambda x, cache=None, layer=0, attn=block.attn: ignoring_mask(attn, x, cache, layer)
+    assert "beside others gets logits" in batching_differs(model, torch.device("cpu"))
+
+
+def ignoring_mask(attn, x, cache, layer):
+    B, T, C = x.shape
+    q, k, v = attn.qkv(x, cache.length if cache is not None else 0)
+    if cache is not None:
+        k, v = cache.update(layer, k, v)
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=True)
+    return attn.c_proj(y.transpose(1, 2).reshape(B, T, C))

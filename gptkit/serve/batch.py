@@ -26,9 +26,10 @@ import dataclasses
 
 import torch
 
+from gptkit.errors import first_line
 from gptkit.generate import TextStream
 from gptkit.sampling import choose_next_token
-from model import BatchKVCache
+from model import BatchKVCache, KVCache
 
 
 @dataclasses.dataclass(eq=False)
@@ -157,3 +158,44 @@ class Batch:
             row.finished = True
             row.stream.close()
         row.on_token(row, token, logprobs)
+
+
+@torch.inference_mode()
+def batching_differs(model, device, rows=3, steps=2):
+    """Why model.py's forward cannot run `rows` replies of different lengths together as
+    Batch does, or None. A learner's edit may hold for one row and not for several: a
+    position read as one number (int(start)), attention that ignores the mask hiding
+    another row's longer history. Prompts of 2, 3, ... tokens run apart, then `steps`
+    tokens together through one BatchKVCache; each row's logits must equal those of the
+    same row alone through a KVCache (float rounding aside)."""
+    block, vocab = model.config.block_size, model.config.vocab_size
+    lengths = [min(2 + i, block - steps) for i in range(rows)]
+    if min(lengths) < 1:
+        return None  # too short a context to tell
+    prompts = [torch.arange(1, n + 1, device=device)[None, :] % vocab for n in lengths]  # (1, n) each
+    following = torch.arange(steps, device=device) % vocab  # the tokens every row takes next
+    try:
+        batch = BatchKVCache(model.config.n_layer, block, 0, device)
+        together = [[] for _ in prompts]
+        for i, prompt in enumerate(prompts):
+            fresh = BatchKVCache(model.config.n_layer, block, 1, device)
+            together[i].append(model.next_token_logits(prompt, fresh)[0])
+            batch.append(fresh)
+        for token in following:
+            logits = model.next_token_logits(token.repeat(len(prompts), 1), batch)  # (rows, vocab)
+            for i in range(len(prompts)):
+                together[i].append(logits[i])
+    except Exception as e:
+        return f"{type(e).__name__}: {first_line(e)}"
+    # float32: rounding differs in the last bits between a batch and one row; 16-bit
+    # weights or activations (a GPU's bfloat16) round each product to ~3 digits
+    tolerance = 1e-3 if next(model.parameters()).dtype == torch.float32 else 3e-2
+    for i, prompt in enumerate(prompts):
+        cache = KVCache(model.config.n_layer, block)
+        alone = [model.next_token_logits(prompt, cache)[0]]
+        alone += [model.next_token_logits(token.view(1, 1), cache)[0] for token in following]
+        for a, b in zip(alone, together[i]):
+            gap = (a.float() - b.float()).abs().max().item() / max(1.0, a.abs().max().item())
+            if not gap <= tolerance:  # NaN fails too
+                return f"a row of {lengths[i]} tokens beside others gets logits {gap:.2g} away from its own alone"
+    return None

@@ -83,6 +83,23 @@ def api_key(cfg):
     return key
 
 
+def batch_size_that_runs(model, device, max_batch, header):
+    """(header, max_batch): max_batch where model.py's forward runs replies of different
+    lengths together as it runs each alone (gptkit/serve/batch.py's batching_differs);
+    else 1, the header saying why in one more line. UserError if even one row fails."""
+    from gptkit.serve.batch import batching_differs
+
+    why = batching_differs(model, device, rows=3 if max_batch > 1 else 1)  # ~1 CPU s for GPT-2 124M
+    if why is None:
+        return header, max_batch
+    alone = batching_differs(model, device, rows=1) if max_batch > 1 else why
+    if alone:
+        raise UserError(f"serve.py cannot run this model.py: its forward fails with a BatchKVCache, whose "
+                        f"positions are a tensor per row ({alone})")
+    return (f"{header}\ndecode: replies run one at a time (--max_batch 1): model.py's forward does not batch "
+            f"replies of different lengths as written ({why})"), 1
+
+
 def serve(model, tokenizer, summary, cfg, device, model_name, sock):
     """Run the server on the listening socket `sock` (from bind) until SIGINT or SIGTERM; 0 then."""
     from gptkit.generate import prepare_for_generating
@@ -99,7 +116,8 @@ def serve(model, tokenizer, summary, cfg, device, model_name, sock):
                             repetition_penalty=1.0, stop=None, seed=0, compile=False,
                             cpu_decode=cfg.cpu_decode, dtype=cfg.dtype)
     path = prepare_for_generating(model, defaults, device)  # the weights' dtype, the CPU's parts
-    worker = Worker(model, tokenizer, device, cfg.queue_size, cfg.max_batch)
+    path, max_batch = batch_size_that_runs(model, device, cfg.max_batch, path)
+    worker = Worker(model, tokenizer, device, cfg.queue_size, max_batch)
     host_names = allowed_host_names(cfg.host, parse_allowed_hosts(cfg.allowed_hosts))
     state = State(cfg, worker, tokenizer, model_name, chat, block, max_tokens, key, int(time.time()), host_names)
     app = build_app(state)
