@@ -143,6 +143,7 @@ def generate_stream(
     seq[:, :T0] = idx
     n = T0
     stops = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=idx.device)
+    use_cache = use_cache and cache_differs(model) is None  # an edit whose cache is wrong: recompute
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
     stop_value = torch.zeros(B, dtype=torch.long, device=idx.device)
     cache = None
@@ -240,6 +241,41 @@ def swap_in(model, weights, note):
              "model.py runs as written")
         return []
     return swapped
+
+
+def cache_differs(model, note=say):
+    """Why model.py's forward through a KVCache does not give the logits of its forward
+    over the whole context, or None; found once per model, `note` told in one line. A
+    learner's attention that ignores the cache (k, v = the new tokens' only) still trains
+    and samples: every token then recomputes its context, as --use_cache false does."""
+    if "cache_differs" not in model.__dict__:
+        why = None if model.config.block_size < 2 else cache_check(model)  # one position: nothing cached
+        model.__dict__["cache_differs"] = why
+        if why and note is not None:
+            note(f"decode: model.py's forward through its KV cache is not its forward over the whole context "
+                 f"({why}): each token recomputes its context, as --use_cache false")
+    return model.__dict__["cache_differs"]
+
+
+def cache_check(model):
+    """cache_differs' probe: a prompt of 3 tokens and one more through a KVCache against
+    the forward over all of them, in evaluation mode (dropout would make them differ)."""
+    probe = torch.arange(1, min(4, model.config.block_size) + 1, device=next(model.parameters()).device)
+    probe = probe[None, :] % model.config.vocab_size  # (1, T)
+    training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            whole = torch.cat((model.next_token_logits(probe[:, :-1]), model.next_token_logits(probe)))
+            cached = cached_logits(model, probe)
+    except Exception as e:  # the cached path fails: recomputing still runs model.py's forward
+        return f"{type(e).__name__}: {first_line(e)}"
+    finally:
+        model.train(training)
+    gap = ((whole.float() - cached.float()).abs().max() / whole.float().abs().max().clamp_min(1.0)).item()
+    sixteen_bit = next(model.parameters()).dtype != torch.float32 or torch.is_autocast_enabled(probe.device.type)
+    tolerance = 3e-2 if sixteen_bit else 1e-3  # 16-bit products round to ~3 digits
+    return None if gap <= tolerance else f"its logits differ by {gap:.2g}"  # NaN differs too
 
 
 @torch.inference_mode()

@@ -315,3 +315,26 @@ def test_an_edit_that_cannot_batch_serves_one_reply_at_a_time_and_says_so(edit, 
     assert "decode: replies run one at a time (--max_batch 1): model.py's forward does not batch" in said, said
     assert "Traceback" not in said
     assert [replies[("together", p)] for p in prompts] == [replies[("alone", p)] for p in prompts]
+
+
+def test_an_attention_that_ignores_its_cache_samples_by_recomputing_and_serve_says_it_cannot(tmp_path):
+    """A learner's attention that stores keys and values in the cache but attends to the new
+    ones only: sample.py says so in one line and recomputes each token's context (its text
+    is --use_cache false's); serve.py, whose batch needs the cache, stops in one line."""
+    tree = edited_tree(tmp_path, ("            k, v = cache.update(layer, k, v)  # (B, Hkv, keys, D)\n",
+                                  "            cache.update(layer, k, v)  # stored, never read\n"))
+    checkpoint = write_checkpoint(tmp_path / "plain.pt", chat=False)
+    texts = []
+    for extra in ([], ["--use_cache=false"]):
+        done = subprocess.run([sys.executable, "sample.py", f"--ckpt={checkpoint}", "--start=ab", "--max_new_tokens=30",
+                               "--num_samples=1", "--seed=1", *extra], cwd=tree, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        texts.append(done.stdout)
+        said = [line for line in done.stderr.splitlines() if "through its KV cache is not its forward" in line]
+        assert len(said) == (0 if extra else 1) and (extra or "each token recomputes its context" in said[0])
+    assert texts[0] == texts[1]
+    done = subprocess.run([sys.executable, "serve.py", f"--ckpt={checkpoint}", "--port=0"], cwd=tree,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: serve.py cannot run this model.py: its replies run "
+                                                           "through the KV cache")

@@ -174,3 +174,33 @@ def test_text_stream_ends_before_the_earliest_of_several_stop_strings():
     stream = generate.TextStream(tok, stop=["b", "a"])
     stream._append("xab")  # one piece holding both (a BPE token may): the first in the text wins
     assert stream.stopped and stream.text == "x"
+
+
+@pytest.mark.parametrize("variant", [{}, {"pos_encoding": "sinusoidal"}, {"attention": "reference", "dropout": 0.3},
+                                     {"pos_encoding": "rope", "norm": "rmsnorm", "mlp": "swiglu", "n_kv_head": 2}])
+def test_the_cache_check_passes_model_py_as_written_and_catches_a_cache_it_ignores(variant, monkeypatch):
+    """generate_stream asks once per model whether its forward through a KVCache is its
+    forward over the whole context (cache_differs): model.py as written passes (in train
+    mode too, which the check leaves as it was); a cache that stores keys and values but
+    hands back only the new ones fails it, and generation then recomputes the context:
+    the tokens of use_cache=False."""
+    import model as model_py
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=30, **variant)).train()
+    assert generate.cache_differs(model, note=None) is None and model.training
+    update = model_py.KVCache.update
+
+    def forgetful(self, layer, k, v):  # each new token sees itself alone
+        update(self, layer, k, v)
+        return k, v
+
+    monkeypatch.setattr(model_py.KVCache, "update", forgetful)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=30, **variant)).eval()
+    said = []
+    assert "differ" in generate.cache_differs(model, note=said.append) and len(said) == 1
+    assert "each token recomputes its context" in said[0]
+    idx = torch.tensor([[1, 2, 3]])
+    cached = torch.stack(list(generate.generate_stream(model, idx, 20, temperature=0)), 1)
+    recomputed = torch.stack(list(generate.generate_stream(model, idx, 20, temperature=0, use_cache=False)), 1)
+    assert torch.equal(cached, recomputed) and len(said) == 1  # found once

@@ -86,9 +86,15 @@ def api_key(cfg):
 def batch_size_that_runs(model, device, max_batch, header):
     """(header, max_batch): max_batch where model.py's forward runs replies of different
     lengths together as it runs each alone (gptkit/serve/batch.py's batching_differs);
-    else 1, the header saying why in one more line. UserError if even one row fails."""
+    else 1, the header saying why in one more line. UserError if even one row fails, or
+    if the forward through a KV cache is not the forward over the whole context."""
+    from gptkit.generate import cache_differs
     from gptkit.serve.batch import batching_differs
 
+    why = cache_differs(model, note=None)
+    if why:
+        raise UserError(f"serve.py cannot run this model.py: its replies run through the KV cache, and model.py's "
+                        f"forward through its cache is not its forward over the whole context ({why})")
     why = batching_differs(model, device, rows=3 if max_batch > 1 else 1)  # ~1 CPU s for GPT-2 124M
     if why is None:
         return header, max_batch
