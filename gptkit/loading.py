@@ -260,7 +260,8 @@ def adapted_model(record, adapters, source, block_size, dropout=0.0, lora_dropou
     model = lora_base(record, source, dropout)
     trained = record.get("trained")
     if trained is not None:  # a chat run on a base without turn tokens: grown, its embedding trained
-        if trained != vocabulary_matrices(model) or not isinstance(record.get("vocab_size"), int) or record["vocab_size"] < model.config.vocab_size:
+        vocab_size = record.get("vocab_size")
+        if trained != vocabulary_matrices(model) or not isinstance(vocab_size, int) or vocab_size < model.config.vocab_size:
             raise UserError(f"{source}: its LoRA settings name weights trained beside the adapters that this code does not know")
         model.grow_vocab(record["vocab_size"])
     if block_size < model.config.block_size:

@@ -89,9 +89,9 @@ def vocabulary_matrices(model):
     """Names of the token embedding's and the output layer's matrices (both, tied or not:
     model.py's transformer.wte.weight and lm_head.weight), found by what they are: the
     2-D parameters outside the blocks with a row per token of the padded vocabulary."""
-    inside, _ = blocks(model)
-    return [name for name, p in model.named_parameters(remove_duplicate=False) if p.ndim == 2 and not name.startswith(inside + ".")
-            and p.size(0) == model.config.padded_vocab_size]
+    inside = blocks(model)[0] + "."
+    return [name for name, p in model.named_parameters(remove_duplicate=False)
+            if p.ndim == 2 and not name.startswith(inside) and p.size(0) == model.config.padded_vocab_size]
 
 
 def blocks_held(state):

@@ -31,9 +31,9 @@ ADDED = [("        self.mlp = MLP(config)\n",
 # Every use of a name renamed at once, as a learner's editor does it: the MLP's first matrix,
 # the output layer, the blocks' list, the token embedding and the RMSNorm class (which
 # gptkit/fused.py swaps).
-RENAMED_EVERYWHERE = {r"\bc_fc\b": "c_up", r"\blm_head\b": "head", r"\bh=nn\.ModuleList": "blocks=nn.ModuleList",
-                      r"\btransformer\.h\b": "transformer.blocks", r"\bwte\b": "tok_emb",
-                      r"\bRMSNorm\b": "RootMeanSquareNorm"}
+RENAMED_EVERYWHERE = {r"\bc_fc\b": "c_up", r"\blm_head\b": "head",
+                      r"\bh=nn\.ModuleList": "blocks=nn.ModuleList", r"\btransformer\.h\b": "transformer.blocks",
+                      r"\bwte\b": "tok_emb", r"\bRMSNorm\b": "RootMeanSquareNorm"}
 EDITS = {  # name: [(old, new), ...], each old found once in model.py
     "mlp": [("        return self.dropout(self.c_proj(h))\n",
              "        return self.dropout(self.c_proj(h)) * 0.5\n")],
@@ -274,7 +274,8 @@ def test_renamed_modules_train_with_muon_resume_fine_tune_and_refuse_to_convert(
     for to, dest in (("hf", tmp_path / "hf"), ("gguf", tmp_path / "model.gguf")):
         done = run("convert.py", str(out), str(dest), "--to", to)
         assert done.returncode == 2 and not dest.exists(), done.stderr
-        assert done.stderr.count("\n") == 1 and "transformer.tok_emb.weight" in done.stderr and "nothing was written" in done.stderr
+        assert done.stderr.count("\n") == 1 and "transformer.tok_emb.weight" in done.stderr
+        assert "nothing was written" in done.stderr
 
 
 # Edits that hold for one row and not for several: serve.py's batch of replies of
@@ -283,7 +284,8 @@ BATCH_BREAKING = {
     "attention without the mask": [("attn_mask=mask, dropout_p=dropout_p, is_causal=(T > 1 and mask is None),",
                                     "attn_mask=None, dropout_p=dropout_p, is_causal=T > 1,")],
     "a position read as one number": [("        x = self.transformer.wte(idx)  # (B, T, C)\n",
-                                       "        x = self.transformer.wte(idx)  # (B, T, C)\n        x = x + 0.01 * int(start)\n")],
+                                       "        x = self.transformer.wte(idx)  # (B, T, C)\n"
+                                       "        x = x + 0.01 * int(start)\n")],
 }
 
 
@@ -325,8 +327,9 @@ def test_an_attention_that_ignores_its_cache_samples_by_recomputing_and_serve_sa
     checkpoint = write_checkpoint(tmp_path / "plain.pt", chat=False)
     texts = []
     for extra in ([], ["--use_cache=false"]):
-        done = subprocess.run([sys.executable, "sample.py", f"--ckpt={checkpoint}", "--start=ab", "--max_new_tokens=30",
-                               "--num_samples=1", "--seed=1", *extra], cwd=tree, capture_output=True, text=True, timeout=120)
+        done = subprocess.run([sys.executable, "sample.py", f"--ckpt={checkpoint}", "--start=ab", "--seed=1",
+                               "--max_new_tokens=30", "--num_samples=1", *extra],
+                              cwd=tree, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
         texts.append(done.stdout)
         said = [line for line in done.stderr.splitlines() if "through its KV cache is not its forward" in line]

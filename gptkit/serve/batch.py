@@ -27,7 +27,7 @@ import dataclasses
 import torch
 
 from gptkit.errors import first_line
-from gptkit.generate import TextStream
+from gptkit.generate import TextStream, same_logits_tolerance
 from gptkit.sampling import choose_next_token
 from model import BatchKVCache, KVCache
 
@@ -187,9 +187,7 @@ def batching_differs(model, device, rows=3, steps=2):
                 together[i].append(logits[i])
     except Exception as e:
         return f"{type(e).__name__}: {first_line(e)}"
-    # float32: rounding differs in the last bits between a batch and one row; 16-bit
-    # weights or activations (a GPU's bfloat16) round each product to ~3 digits
-    tolerance = 1e-3 if next(model.parameters()).dtype == torch.float32 else 3e-2
+    tolerance = same_logits_tolerance(model)
     for i, prompt in enumerate(prompts):
         cache = KVCache(model.config.n_layer, block)
         alone = [model.next_token_logits(prompt, cache)[0]]
