@@ -87,11 +87,15 @@ def blocks(model):
 
 def vocabulary_matrices(model):
     """Names of the token embedding's and the output layer's matrices (both, tied or not:
-    model.py's transformer.wte.weight and lm_head.weight), found by what they are: the
-    2-D parameters outside the blocks with a row per token of the padded vocabulary."""
-    inside = blocks(model)[0] + "."
-    return [name for name, p in model.named_parameters(remove_duplicate=False)
-            if p.ndim == 2 and not name.startswith(inside) and p.size(0) == model.config.padded_vocab_size]
+    model.py's transformer.wte.weight and lm_head.weight), found by what they are, outside
+    the blocks: the first nn.Embedding with a row per token of the padded vocabulary (a
+    position table of as many rows comes after it), then every nn.Linear with an output
+    per token."""
+    inside, vocab = blocks(model)[0] + ".", model.config.padded_vocab_size
+    outside = [(name, m) for name, m in model.named_modules(remove_duplicate=False) if not name.startswith(inside)]
+    tables = [name for name, m in outside if isinstance(m, nn.Embedding) and m.num_embeddings == vocab]
+    heads = [name for name, m in outside if isinstance(m, nn.Linear) and m.out_features == vocab]
+    return [f"{name}.weight" for name in tables[:1] + heads]
 
 
 def blocks_held(state):

@@ -3,7 +3,7 @@
 import pytest
 
 from gptkit.errors import UserError
-from model import GPTConfig
+from model import GPT, GPTConfig
 import lab
 from gptkit import params
 from repo import REPO
@@ -143,3 +143,18 @@ def test_loading_a_checkpoint_leaves_torch_compile_unimported(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_the_parts_found_by_what_they_are_are_model_pys_own():
+    """blocks, vocabulary_matrices and blocks_held name what model.py's names say (the
+    renamed-module tests run them on other names): a position table with as many rows as
+    the padded vocabulary is not taken for the token embedding, tied or not."""
+    from gptkit.params import blocks, blocks_held, vocabulary_matrices
+
+    for tied in (True, False):
+        model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=128, vocab_size=100, pad_vocab_multiple=64,
+                              tie_embeddings=tied))
+        assert model.config.padded_vocab_size == model.config.block_size == 128
+        assert blocks(model) == ("transformer.h", model.transformer.h)
+        assert vocabulary_matrices(model) == ["transformer.wte.weight", "lm_head.weight"]
+        assert blocks_held(model.state_dict()) == 3
