@@ -92,7 +92,9 @@ def test_gpt2_offline_on_a_large_input_fails_at_once_in_one_line(tmp_path):
     """No tiktoken files and no network (a proxy that refuses): before, the pool restarted
     the failing workers endlessly, a traceback each."""
     big = tmp_path / "big.txt"
-    big.write_text(sample_text(3 << 20))  # over 2 MiB: the worker pool is used
+    text = sample_text(200_000)  # (Tiny Shakespeare's local copy holds 1.1 MB: repeated)
+    big.write_text(text * ((3 << 20) // len(text) + 1))  # over 2 MiB: the worker pool is used
+    assert big.stat().st_size > 2 << 20
     empty_cache = tmp_path / "no-tiktoken-files"
     empty_cache.mkdir()
     offline = {"TIKTOKEN_CACHE_DIR": str(empty_cache), "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
