@@ -31,6 +31,7 @@ float16 past 65504), stays nn.Linear, and one line says so. `swap_linears` retur
 what was swapped, for the header sample.py and serve.py print.
 """
 
+import contextlib
 import functools
 
 import torch
@@ -236,3 +237,22 @@ def restore_linears(swapped):
     """Put back the nn.Linear modules swap_linears replaced."""
     for _, parent, attr, linear in swapped:
         setattr(parent, attr, linear)
+
+
+@contextlib.contextmanager
+def as_written(model):
+    """model.py's own nn.Linear modules in place of the parts swapped into `model` (its
+    `swapped_linears`, from generate.prepare_for_generating) while the block runs, the
+    parts again after: for checks of model.py's forward itself (its cache, its batching),
+    which the parts' rounding must not sway. An int8 part rounds each row of inputs to
+    int8, so a float rounding apart in two ways of computing the same row can move a value
+    by one int8 step: GPT-2 124M's logits through the cache then differ from the whole
+    context's by ~2% where model.py's own differ by ~1e-6."""
+    swapped = model.__dict__.get("swapped_linears") or []
+    parts = [getattr(parent, attr) for _, parent, attr, _ in swapped]
+    restore_linears(swapped)
+    try:
+        yield model
+    finally:
+        for (_, parent, attr, _), part in zip(swapped, parts):
+            setattr(parent, attr, part)

@@ -249,7 +249,8 @@ def cache_differs(model, note=say):
     learner's attention that ignores the cache (k, v = the new tokens' only) still trains
     and samples: every token then recomputes its context, as --use_cache false does."""
     if "cache_differs" not in model.__dict__:
-        why = None if model.config.block_size < 2 else cache_check(model)  # one position: nothing cached
+        with cpu_linears.as_written(model):  # model.py's forward, not the parts' rounding
+            why = None if model.config.block_size < 2 else cache_check(model)  # one position: nothing cached
         model.__dict__["cache_differs"] = why
         if why and note is not None:
             note(f"decode: model.py's forward through its KV cache is not its forward over the whole context "

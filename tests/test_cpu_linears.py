@@ -189,6 +189,25 @@ def test_a_model_py_that_reads_a_linear_as_the_parts_do_not_allow_gets_nn_linear
     assert all(type(m) is nn.Linear for m in model.modules() if hasattr(m, "out_features"))
 
 
+def test_int8_parts_keep_the_cache_where_their_rounding_moves_the_logits():
+    """The checks of model.py's own forward (its cache, its batching) run on its nn.Linear
+    modules, not on the parts: an int8 part rounds each row of inputs to int8, and on GPT-2
+    124M's shape (seed 1337) the cached and the whole-context forward, float roundings apart,
+    round one value a step apart, ~2% of the logits. Judged with the parts, that read as a
+    broken cache: `sample.py --dtype int8` recomputed the context every token, ~10x slower."""
+    from gptkit import generate
+    from gptkit.serve.server import batch_size_that_runs
+
+    torch.manual_seed(1337)
+    model, said = GPT(GPTConfig()).eval(), []
+    prepare_for_generating(model, SampleConfig(dtype="int8", device="cpu"), CPU, note=said.append)
+    assert type(model.transformer.h[0].mlp.c_fc) is cpu_linears.Int8Linear and not said
+    assert "differ" in (generate.cache_check(model) or "")  # the parts' rounding, past the check's tolerance
+    assert generate.cache_differs(model, note=said.append) is None and not said
+    assert type(model.transformer.h[0].mlp.c_fc) is cpu_linears.Int8Linear  # the parts back after the check
+    assert batch_size_that_runs(model, CPU, 16, "header") == ("header", 16)
+
+
 def test_no_call_of_pytorchs_deprecated_quantized_stack_outside_the_tests():
     # (and nothing silences its warnings: test_generating_warns_of_nothing turns them into errors)
     pattern = re.compile(r"torch\.quantize_per_\w+|torch\.ops\.quantized|torch\.q(u)?int8|linear_prepack")

@@ -88,6 +88,7 @@ def batch_size_that_runs(model, device, max_batch, header):
     lengths together as it runs each alone (gptkit/serve/batch.py's batching_differs);
     else 1, the header saying why in one more line. UserError if even one row fails, or
     if the forward through a KV cache is not the forward over the whole context."""
+    from gptkit import cpu_linears
     from gptkit.generate import cache_differs
     from gptkit.serve.batch import batching_differs
 
@@ -95,10 +96,11 @@ def batch_size_that_runs(model, device, max_batch, header):
     if why:
         raise UserError(f"serve.py cannot run this model.py: its replies run through the KV cache, and model.py's "
                         f"forward through its cache is not its forward over the whole context ({why})")
-    why = batching_differs(model, device, rows=3 if max_batch > 1 else 1)  # ~1 CPU s for GPT-2 124M
+    with cpu_linears.as_written(model):  # model.py's forward, not the CPU parts' rounding (checked when swapped)
+        why = batching_differs(model, device, rows=3 if max_batch > 1 else 1)  # ~1 CPU s for GPT-2 124M
+        alone = batching_differs(model, device, rows=1) if why and max_batch > 1 else why
     if why is None:
         return header, max_batch
-    alone = batching_differs(model, device, rows=1) if max_batch > 1 else why
     if alone:
         raise UserError(f"serve.py cannot run this model.py: its forward fails with a BatchKVCache, whose "
                         f"positions are a tensor per row ({alone})")
