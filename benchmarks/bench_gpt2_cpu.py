@@ -268,8 +268,10 @@ def measure(args, work):
                 "ours, --dtype float16 (Float16Linear)": lambda: ours(parts["float16"], n),
                 f"ours, --dtype int8 (Int8Linear, {product})": lambda: ours(parts["int8"], n)}
     if parts["int8"].transformer.h[0].mlp.c_fc.kernel is not None:  # the product it replaced, for comparison
-        parts["int8 torch"] = copy.deepcopy(model)
-        for parent, attr, _, linear in list(cpu_linears.linears(parts["int8 torch"])):
+        parts["int8 torch"] = net = copy.deepcopy(model)
+        net.swapped_linears = [(name, parent, attr, linear)  # as swap_linears records them
+                               for parent, attr, name, linear in cpu_linears.linears(net)]
+        for _, parent, attr, linear in net.swapped_linears:
             setattr(parent, attr, cpu_linears.Int8Linear(linear))  # no kernel: torch._weight_int8pack_mm
         samplers["ours, --dtype int8 (Int8Linear, torch._weight_int8pack_mm)"] = lambda: ours(parts["int8 torch"], n)
     try:

@@ -211,7 +211,8 @@ def int8_product():
 def swap_linears(model, weights, note):
     """Replace every nn.Linear of `model` (float32, on a CPU) by PARTS[weights], each
     checked first; `note(line)` hears, in one line, of those kept as they were. Returns
-    [(name, parent, attribute, the replaced nn.Linear)] for restore_linears."""
+    [(name, parent, attribute, the replaced nn.Linear)] for restore_linears, also kept
+    as model.swapped_linears."""
     swapped, kept = [], {}
     make, kernel = PARTS[weights], None
     if weights == "int8":
@@ -230,6 +231,7 @@ def swap_linears(model, weights, note):
         reasons = "; ".join(f"{', '.join(names)}: {why}" for why, names in kept.items())
         note(f"decode: {sum(map(len, kept.values()))} nn.Linear stay model.py's ({PARTS[weights].__name__}, "
              f"{reasons})")
+    model.swapped_linears = swapped  # what as_written puts back for checks of model.py's own forward
     return swapped
 
 
