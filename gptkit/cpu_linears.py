@@ -244,7 +244,7 @@ def restore_linears(swapped):
 @contextlib.contextmanager
 def as_written(model):
     """model.py's own nn.Linear modules in place of the parts swapped into `model` (its
-    `swapped_linears`, from generate.prepare_for_generating) while the block runs, the
+    `swapped_linears`, recorded by swap_linears) while the block runs, the
     parts again after: for checks of model.py's forward itself (its cache, its batching),
     which the parts' rounding must not sway. An int8 part rounds each row of inputs to
     int8, so a float rounding apart in two ways of computing the same row can move a value
