@@ -8,7 +8,7 @@ GPTConfig field, read in exactly one place:
     norm           layernorm | rmsnorm                   (make_norm)
     norm_placement pre | post                            (Block.forward)
     mlp            gelu | gelu_exact | relu2 | swiglu    (MLP.__init__)
-    attention      sdpa | reference                      (CausalSelfAttention.forward)
+    attention      sdpa | reference | matmul             (CausalSelfAttention.forward)
 
 One forward pass, for token ids idx of shape (B, T):
     x = wte[idx] (+ position information)          # (B, T, C)
@@ -40,7 +40,7 @@ CHOICES = {
     "norm": ("layernorm", "rmsnorm"),
     "norm_placement": ("pre", "post"),
     "mlp": ("gelu", "gelu_exact", "relu2", "swiglu"),
-    "attention": ("sdpa", "reference"),
+    "attention": ("sdpa", "reference", "matmul"),
 }
 NORM_EPS = 1e-5  # GPT-2's layer_norm_epsilon and LLaMA-2's rms_norm_eps
 
@@ -82,8 +82,10 @@ class GPTConfig:
                                          "faster on GPUs)")
     zero_init_proj: bool = setting(False, "start every output projection c_proj at zero "
                                           "(modded-nanogpt)")
-    attention: str = setting("sdpa", "sdpa (PyTorch's flash/memory-efficient kernels) or "
-                                     "reference (the formula written out, slow)")
+    attention: str = setting("sdpa", "sdpa (PyTorch's flash/memory-efficient kernels) | "
+                                     "reference (the formula written out, slow) | matmul (the "
+                                     "formula in two batched products: on a CPU in bfloat16 the "
+                                     "fastest to train at small head sizes)")
 
     def __post_init__(self):
         problems = []
@@ -158,7 +160,10 @@ class RMSNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x):
-        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)
+        # the weight in x's dtype: under bfloat16 autocast on a CPU, x can be bfloat16 while
+        # the weight stays float32, which PyTorch's one-pass kernel refuses (it warns and
+        # runs a slower chain of operations)
+        y = F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), NORM_EPS)
         return y if self.bias is None else y + self.bias
 
 
@@ -225,6 +230,35 @@ def reference_attention(q, k, v, causal=True, return_stages=False, dropout_p=0.0
     if return_stages:
         return out, {"scores": scores, "scaled": scaled, "weights": weights, "output": out}
     return out
+
+
+def matmul_attention(q, k, v, mask=None, dropout_p=0.0):
+    """reference_attention's result in two batched matrix products, the scale and the
+    mask folded into the first: torch.baddbmm(bias, Q, Kᵀ, alpha=1/√d_k) is
+    Q Kᵀ / √d_k + bias in one pass, bias being 0 where a query sees a key and -inf
+    elsewhere. Shapes and `mask` as reference_attention's (mask None: causal). Fewer
+    passes over the (Tq, Tk) scores than the formula written out and no fused kernel:
+    on a CPU in bfloat16 the fastest way found to train at head sizes of 32
+    (benchmarks/LOG.md, 2026-12-07; in float32 SDPA is faster there)."""
+    if k.size(1) != q.size(1):  # grouped-query attention, as reference_attention
+        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+        v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
+    B, H, Tq, D = q.shape
+    Tk = k.size(-2)
+    if mask is None:  # query i at position Tk - Tq + i sees keys up to it
+        query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]  # (Tq, 1)
+        mask = torch.arange(Tk, device=q.device)[None, :] <= query_pos  # (Tq, Tk)
+    bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
+    bias = bias.masked_fill_(~mask, float("-inf"))  # 0 where a query sees a key, -inf elsewhere
+    if bias.dim() == 2:  # one (Tq, Tk) for every row and head: a view, not B*H copies
+        bias = bias.expand(B * H, Tq, Tk)
+    else:  # (B, 1, Tq, Tk): one per row
+        bias = bias.expand(B, H, Tq, Tk).reshape(B * H, Tq, Tk)
+    q, k, v = q.reshape(B * H, Tq, D), k.reshape(B * H, Tk, D), v.reshape(B * H, Tk, D)
+    scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=1 / math.sqrt(D))  # (B*H, Tq, Tk)
+    weights = torch.softmax(scores, dim=-1)
+    out = F.dropout(weights, dropout_p) @ v if dropout_p > 0 else weights @ v  # (B*H, Tq, D)
+    return out.view(B, H, Tq, D)
 
 
 class KVCache:
@@ -365,7 +399,7 @@ class CausalSelfAttention(nn.Module):
             cos, sin = rope_angles(config.block_size, self.head_dim, config.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)  # (block_size, D/2)
             self.register_buffer("rope_sin", sin, persistent=False)
-        self.reference = config.attention == "reference"
+        self.attention = config.attention
         self.dropout = config.dropout if config.attn_dropout else 0.0  # on the attention weights
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -396,8 +430,10 @@ class CausalSelfAttention(nn.Module):
             mask = cache.attention_mask(T, x.device)  # (T, keys) or None
             k, v = cache.update(layer, k, v)  # (B, Hkv, keys, D)
         dropout_p = self.dropout if self.training else 0.0
-        if self.reference:
+        if self.attention == "reference":
             y = reference_attention(q, k, v, causal=True, dropout_p=dropout_p, mask=mask)
+        elif self.attention == "matmul":
+            y = matmul_attention(q, k, v, mask=mask, dropout_p=dropout_p)
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=(T > 1 and mask is None),

@@ -47,6 +47,19 @@ def native_bf16(device):
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
+def cpu_computes_bf16():
+    """Whether this CPU has bfloat16 instructions (x86's AVX-512 BF16 or AMX), read from
+    Linux's /proc/cpuinfo (False elsewhere). With them PyTorch's bfloat16 matrix products
+    run at about twice float32's rate on a CPU; without them bfloat16 is emulated, and
+    slower than float32 (configs/shakespeare_10min.py chooses its dtype by this)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def training_dtype(name, device):
     """'auto' trains in bfloat16 on GPUs that compute it natively (native_bf16), in
     float16 with a GradScaler on older GPUs, in float32 elsewhere."""

@@ -18,6 +18,7 @@ its documentation.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -79,11 +80,17 @@ def _tell_torchrun(message):
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
+    # Written beside it and renamed into place: torchrun reads the file of every rank that
+    # has failed, and a file caught between open("w")'s truncation and the write is empty,
+    # which its JSON reader answers with a traceback instead of the summary.
+    tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(path, "w") as f:
+        with open(tmp, "w") as f:
             json.dump({"message": message, "timestamp": int(time.time())}, f)
-    except OSError:
-        pass  # the summary then just lacks our line
+        os.replace(tmp, path)
+    except OSError:  # the summary then just lacks our line
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
 
 
 def _out_of_memory(e):

@@ -12,6 +12,7 @@ VARIANTS = [
     dict(pos_encoding="rope", n_kv_head=2),  # grouped-query
     dict(pos_encoding="rope", n_kv_head=1, attention="reference"),  # multi-query, the formula
     dict(pos_encoding="sinusoidal", attention="reference"),
+    dict(pos_encoding="rope", n_kv_head=2, qk_norm=True, attention="matmul"),  # the products, per-row masks
     dict(pos_encoding="none", qk_norm=True, norm="rmsnorm", mlp="swiglu"),
     dict(pos_encoding="learned", norm_placement="post", n_kv_head=2),
 ]

@@ -9,6 +9,7 @@ import torch
 import train
 from gptkit import device as gdevice
 from gptkit.train import distributed, muon, setup
+from repo import REPO
 from train_helpers import tiny_args
 
 
@@ -82,3 +83,29 @@ def test_newton_schulz_in_float16_survives_a_gradient_whose_norm_overflows_float
     assert 0.6 < s.min() and s.max() < 1.3
     monkeypatch.setattr(muon, "matmul_dtype", lambda device: torch.float32)
     assert torch.allclose(X, muon.orthogonalize(G), atol=2e-2)  # the float32 iteration, to float16's precision
+
+
+@pytest.mark.parametrize("flags, native", [("fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni", True),
+                                           ("fpu sse2 avx2 amx_tile amx_bf16", True),
+                                           ("fpu sse2 avx2 avx512f avx512bw", False)])
+def test_the_ten_minute_config_trains_in_bfloat16_only_where_the_cpu_has_its_instructions(
+        flags, native, tmp_path, monkeypatch):
+    """cpu_computes_bf16 reads /proc/cpuinfo's flags (AVX-512 BF16 or AMX); the ten-minute
+    config autocasts to bfloat16 with the matmul attention there, and keeps float32 with
+    SDPA elsewhere (bfloat16 emulated is slower than float32)."""
+    import builtins
+    import io
+
+    from gptkit.config import read_config_file
+
+    real_open = builtins.open
+    cpuinfo = f"processor\t: 0\nmodel name\t: a CPU\nflags\t\t: {flags}\n\n"
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: io.StringIO(cpuinfo) if path == "/proc/cpuinfo"
+                        else real_open(path, *a, **k))
+    assert gdevice.cpu_computes_bf16() is native
+    settings = read_config_file(REPO / "configs" / "shakespeare_10min.py")
+    assert (settings.get("dtype", "auto"), settings.get("attention", "sdpa")) == (
+        ("bfloat16", "matmul") if native else ("auto", "sdpa"))
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: (_ for _ in ()).throw(OSError("no such file"))
+                        if path == "/proc/cpuinfo" else real_open(path, *a, **k))
+    assert gdevice.cpu_computes_bf16() is False  # not Linux: float32, as before

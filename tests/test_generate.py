@@ -177,6 +177,7 @@ def test_text_stream_ends_before_the_earliest_of_several_stop_strings():
 
 
 @pytest.mark.parametrize("variant", [{}, {"pos_encoding": "sinusoidal"}, {"attention": "reference", "dropout": 0.3},
+                                     {"attention": "matmul", "n_kv_head": 1},
                                      {"pos_encoding": "rope", "norm": "rmsnorm", "mlp": "swiglu", "n_kv_head": 2}])
 def test_the_cache_check_passes_model_py_as_written_and_catches_a_cache_it_ignores(variant, monkeypatch):
     """generate_stream asks once per model whether its forward through a KVCache is its

@@ -146,13 +146,33 @@ def test_rope_scores_depend_only_on_relative_position():
     torch.testing.assert_close(rotate(q, 5).norm(), q.norm())  # and keeps lengths
 
 
+@pytest.mark.parametrize("attention", ["reference", "matmul"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_sdpa_matches_reference_formula(variant):
+def test_sdpa_matches_reference_formula(variant, attention):
     fast = tiny_model(**VARIANTS[variant])
-    slow = GPT(tiny(attention="reference", **VARIANTS[variant])).eval()
+    slow = GPT(tiny(attention=attention, **VARIANTS[variant])).eval()
     slow.load_state_dict(fast.state_dict())
     idx = torch.randint(0, 37, (2, 16))
     torch.testing.assert_close(fast(idx)[0], slow(idx)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["gpt2", "gqa", "qk_norm_rope"])
+def test_matmul_attention_trains_as_the_formula_does(variant):
+    """attention="matmul" (the scale and the mask folded into one baddbmm): the gradients
+    of every parameter are the formula's, and under bfloat16 autocast on the CPU (where it
+    is the fastest) the loss is the formula's to bfloat16's rounding."""
+    torch.manual_seed(0)
+    formula = GPT(tiny(attention="reference", **VARIANTS[variant]))
+    matmul = GPT(tiny(attention="matmul", **VARIANTS[variant]))
+    matmul.load_state_dict(formula.state_dict())
+    idx, targets = torch.randint(0, 37, (2, 3, 16)).unbind(0)
+    for model in (formula, matmul):
+        model(idx, targets)[1].backward()
+    for (name, a), b in zip(formula.named_parameters(), matmul.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=name)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        losses = [model(idx, targets)[1].item() for model in (formula, matmul)]
+    assert abs(losses[0] - losses[1]) < 0.02, losses
 
 
 def test_reference_attention_stages():
