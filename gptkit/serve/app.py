@@ -96,8 +96,6 @@ def worker_error(value):
     return ApiError(status, message, type=api.ERROR_TYPES.get(status, "server_error"), code=code)
 
 
-WRITE_WAIT_S = 0.005
-
 class Mailbox:
     """Events on their way from the worker thread to the event loop. Each
     call_soon_threadsafe writes to the loop's wake-up socket: a system call, the loop's
@@ -112,8 +110,6 @@ class Mailbox:
         self.posted = []  # (queue, event) for drain() to put, in order
         self.waking = False  # a drain is scheduled and has not run yet
         self.stepping = False  # the worker is in a step: posts wait for its end
-        self.written = threading.Event()  # the last step's events are written (or none are due)
-        self.written.set()
 
     def post(self, queue, event):  # from any thread
         with self.lock:
@@ -134,12 +130,10 @@ class Mailbox:
             posted, self.posted, self.waking = self.posted, [], False
         for queue, event in posted:
             queue.put_nowait(event)
-        self.loop.call_soon(self.written.set)  # after the streams just woken have written
 
     @contextlib.contextmanager
     def step(self):
         """Around one step of the worker, in its thread: what it posts goes out after it."""
-        self.written.wait(WRITE_WAIT_S)
         with self.lock:
             self.stepping = True
         try:
@@ -150,7 +144,6 @@ class Mailbox:
                 wake = bool(self.posted) and not self.waking
                 self.waking = self.waking or wake
             if wake:
-                self.written.clear()
                 self.wake()
 
 
