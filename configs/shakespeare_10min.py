@@ -28,6 +28,10 @@
 # comes first, the decay following whichever share is further along; the 40 s left of
 # 1200 pay for its evaluations (each ~5 s). With two threads it takes about as long in
 # wall time as one (a 2-core laptop's two threads are often one core).
+#
+# On a CPU with bfloat16 instructions the run autocasts to bfloat16 (below): on 2026-12-07's
+# AMD EPYC a step took ~190 against ~290 ms, and five minutes (`--time_budget=280`: the
+# whole process ~291 CPU s) scored 1.4943 and 1.4933 on seeds 1337 and 1 (BENCHMARKS.md).
 
 from gptkit.device import cpu_computes_bf16
 
@@ -60,10 +64,10 @@ time_budget = 1160.0  # CPU seconds (train.py --time_budget)
 max_iters = 4600  # or the budget, if spent first (4189-4600 steps on a 250 ms day)
 
 # On a CPU with bfloat16 instructions (AVX-512 BF16 or AMX: AMD Zen 4 and later, Intel Xeon
-# since Cooper Lake), autocast to bfloat16 with attention as two batched products runs a
-# step in ~0.7 of float32 with SDPA's time (2026-12-07, AMD EPYC: ~210 against ~290 ms), so
-# the budget holds ~1.3x the steps; the scores are the same in float32 (eval.py --dtype
-# float32). Elsewhere bfloat16 is emulated and slower: float32 with SDPA, as before.
+# since Cooper Lake), autocast to bfloat16 with attention as two batched products (model.py's
+# matmul_attention) runs a step in ~0.65 of float32 with SDPA's time, so the budget holds ~1.5x
+# the steps; the scores are the same in float32 (eval.py --dtype float32). Elsewhere bfloat16
+# is emulated and slower: float32 with SDPA, as before.
 if cpu_computes_bf16():
     dtype = "bfloat16"
     attention = "matmul"
