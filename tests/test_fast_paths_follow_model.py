@@ -42,16 +42,16 @@ EDITS = {  # name: [(old, new), ...], each old found once in model.py
     "added": ADDED,
     "attention": [("        q, k, v = self.qkv(x, start)\n",
                    "        q, k, v = self.qkv(x, start)\n        q = q * 3.0  # scores scaled\n")],
-    "rmsnorm": [("        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n",
-                 "        y = 0.5 * F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n")],
+    "rmsnorm": [("        y = F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), NORM_EPS)\n",
+                 "        y = 0.5 * F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), NORM_EPS)\n")],
 }
 
 # Edits to both fused modules' formulas that a probe of one small input in evaluation
 # mode missed: ReLU² changed for large inputs only, RMSNorm in training mode only.
 FUSED_EDITS = [
     ("        return F.relu(h).square()\n", "        return F.relu(h).clamp(max=3.5).square()\n"),
-    ("        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n",
-     "        y = F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)\n        y = y * 1.5 if self.training else y\n"),
+    ("        y = F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), NORM_EPS)\n",
+     "        y = F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), NORM_EPS)\n        y = y * 1.5 if self.training else y\n"),
 ]
 
 # Run inside a tree: train twice, sample twice, print what happened as one JSON line.
