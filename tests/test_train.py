@@ -511,6 +511,24 @@ def test_muon_run_resumes_exactly(data_dir, tmp_path):
         train.main(tiny_args(data_dir, part, init_from="resume", max_iters=14))
 
 
+def test_a_bfloat16_cpu_run_with_matmul_attention_learns_and_resumes_exactly(data_dir, tmp_path):
+    """What configs/shakespeare_10min.py trains with on a CPU with bfloat16 instructions:
+    autocast to bfloat16 and attention="matmul" (dropout on the attention weights too). The
+    loss falls, the run's dtype is recorded, and a run resumed halfway equals one run
+    straight through (autocast keeps no state; the checkpoint holds float32 weights)."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    args = dict(optimizer="muon", max_iters=12, eval_interval=6, dtype="bfloat16", attention="matmul")
+    assert train.main(tiny_args(data_dir, full, **args)) == 0
+    assert train.main(tiny_args(data_dir, part, **{**args, "max_iters": 6})) == 0
+    assert train.main(tiny_args(data_dir, part, init_from="resume", **args)) == 0
+    a, b = losses_by_iter(full), losses_by_iter(part)
+    assert sorted(a) == sorted(b) and max(abs(a[i] - b[i]) for i in a) <= 1e-6
+    assert a[11] < a[0] - 0.5, a
+    ckpt = load_checkpoint(full / "ckpt.pt")
+    assert ckpt["model_args"]["attention"] == "matmul" and ckpt["config"]["dtype"] == "bfloat16"
+    assert all(t.dtype == torch.float32 for t in ckpt["model"].values() if t.is_floating_point())
+
+
 def write_gpt2_ids_dataset(data_dir, name="bpe", n=20_000):
     """Random GPT-2 token ids with a {"type": "gpt2"} tokenizer (train.py never decodes)."""
     import json
