@@ -525,7 +525,7 @@ def test_a_bfloat16_cpu_run_with_matmul_attention_learns_and_resumes_exactly(dat
     assert sorted(a) == sorted(b) and max(abs(a[i] - b[i]) for i in a) <= 1e-6
     assert a[11] < a[0] - 0.5, a
     ckpt = load_checkpoint(full / "ckpt.pt")
-    assert ckpt["model_args"]["attention"] == "matmul" and ckpt["config"]["dtype"] == "bfloat16"
+    assert ckpt["model_config"]["attention"] == "matmul" and ckpt["config"]["dtype"] == "bfloat16"
     assert all(t.dtype == torch.float32 for t in ckpt["model"].values() if t.is_floating_point())
 
 
