@@ -30,8 +30,9 @@
 # wall time as one (a 2-core laptop's two threads are often one core).
 #
 # On a CPU with bfloat16 instructions the run autocasts to bfloat16 (below): on 2026-12-07's
-# AMD EPYC a step took ~190 against ~290 ms, and five minutes (`--time_budget=280`: the
-# whole process ~291 CPU s) scored 1.4943 and 1.4933 on seeds 1337 and 1 (BENCHMARKS.md).
+# AMD EPYC a step took ~190 against ~290 ms; 1200 CPU s scored 1.4530 and 1.4506 on seeds
+# 1337 and 1 (~5,800 steps), and five minutes (`--time_budget=280`: the whole process ~291
+# CPU s) 1.4978 and 1.4945 (BENCHMARKS.md).
 
 from gptkit.device import cpu_computes_bf16
 
