@@ -91,8 +91,9 @@ def test_newton_schulz_in_float16_survives_a_gradient_whose_norm_overflows_float
 def test_the_ten_minute_config_trains_in_bfloat16_only_where_the_cpu_has_its_instructions(
         flags, native, tmp_path, monkeypatch):
     """cpu_computes_bf16 reads /proc/cpuinfo's flags (AVX-512 BF16 or AMX); the ten-minute
-    config autocasts to bfloat16 with the matmul attention there, and keeps float32 with
-    SDPA elsewhere (bfloat16 emulated is slower than float32)."""
+    config autocasts to bfloat16 with the matmul attention (and a stronger weight decay for
+    its extra steps) there, and keeps float32 with SDPA elsewhere (bfloat16 emulated is
+    slower than float32)."""
     import builtins
     import io
 
@@ -104,8 +105,8 @@ def test_the_ten_minute_config_trains_in_bfloat16_only_where_the_cpu_has_its_ins
                         else real_open(path, *a, **k))
     assert gdevice.cpu_computes_bf16() is native
     settings = read_config_file(REPO / "configs" / "shakespeare_10min.py")
-    assert (settings.get("dtype", "auto"), settings.get("attention", "sdpa")) == (
-        ("bfloat16", "matmul") if native else ("auto", "sdpa"))
+    chosen = (settings.get("dtype", "auto"), settings.get("attention", "sdpa"), settings["muon_weight_decay"])
+    assert chosen == (("bfloat16", "matmul", 0.3) if native else ("auto", "sdpa", 0.1))
     monkeypatch.setattr(builtins, "open", lambda path, *a, **k: (_ for _ in ()).throw(OSError("no such file"))
                         if path == "/proc/cpuinfo" else real_open(path, *a, **k))
     assert gdevice.cpu_computes_bf16() is False  # not Linux: float32, as before
