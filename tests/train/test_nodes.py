@@ -175,6 +175,32 @@ def test_a_rank_that_lost_a_peer_leaves_torchrun_a_line_naming_the_address(tmp_p
         "the torchrun of the node at that address names the rank that failed and why")
 
 
+def test_the_error_file_for_torchrun_is_never_seen_half_written(tmp_path, monkeypatch):
+    """torchrun's agent reads each failed rank's error file with a JSON reader: a file caught
+    between open("w")'s truncation and the write (empty) made it raise instead of printing
+    its summary. The message is written beside the file and renamed into place, so a write
+    cut short leaves the file as it was and no temporary behind."""
+    import json
+
+    from gptkit import errors
+
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    errors._tell_torchrun("error on rank 1: the first")
+    assert json.loads(path.read_text())["message"] == "error on rank 1: the first"
+    real_dump = json.dump
+
+    def cut_short(obj, f):  # the disk fills halfway through the write
+        f.write('{"message": "err')
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", cut_short)
+    errors._tell_torchrun("error on rank 1: the second")
+    monkeypatch.setattr(json, "dump", real_dump)
+    assert json.loads(path.read_text())["message"] == "error on rank 1: the first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["error.json"]
+
+
 def test_restarts_on_several_nodes_without_a_store_per_attempt_are_refused_before_any_work(tmp_path, monkeypatch):
     """With the rendezvous store shared (torch's default), the first restart of a
     2-launcher job failed here with "Gloo connectFullMesh failed ... Connection refused":
