@@ -3,6 +3,11 @@ picks bfloat16 only where the GPU computes it natively (8.0 and later), float16
 with a GradScaler on older GPUs (V100, T4); Muon's Newton-Schulz follows; TF32 is
 set through one API."""
 
+import os
+import platform
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -105,8 +110,63 @@ def test_the_ten_minute_config_trains_in_bfloat16_only_where_the_cpu_has_its_ins
                         else real_open(path, *a, **k))
     assert gdevice.cpu_computes_bf16() is native
     settings = read_config_file(REPO / "configs" / "shakespeare_10min.py")
-    chosen = (settings.get("dtype", "auto"), settings.get("attention", "sdpa"), settings["muon_weight_decay"])
-    assert chosen == (("bfloat16", "matmul", 0.3) if native else ("auto", "sdpa", 0.1))
+    chosen = (settings.get("dtype", "auto"), settings.get("attention", "sdpa"), settings["muon_weight_decay"],
+              settings["time_budget"])
+    assert chosen == (("bfloat16", "matmul", 0.3, 1176.0) if native else ("auto", "sdpa", 0.1, 1160.0))
     monkeypatch.setattr(builtins, "open", lambda path, *a, **k: (_ for _ in ()).throw(OSError("no such file"))
                         if path == "/proc/cpuinfo" else real_open(path, *a, **k))
     assert gdevice.cpu_computes_bf16() is False  # not Linux: float32, as before
+
+
+GLIBC_ACCOUNTS_FOR_A_LARGE_TENSOR = r"""
+import ctypes, sys, torch
+from gptkit.device import keep_freed_memory
+class Mallinfo2(ctypes.Structure):  # glibc's struct mallinfo2 (malloc.h), all size_t
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                      "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Mallinfo2
+if sys.argv[1] == "keep":
+    print(keep_freed_memory(), file=sys.stderr)
+before = libc.mallinfo2().hblkhd  # bytes in blocks mmap gave
+x = torch.ones(5 << 20)  # 20 MB, as a step's activations
+mapped = libc.mallinfo2().hblkhd - before
+del x
+print(mapped >> 20, libc.mallinfo2().fordblks >> 20)  # MB mapped for it, MB of free heap kept
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+def test_keep_freed_memory_keeps_a_steps_large_tensors_for_the_next():
+    """By glibc's own accounts (mallinfo2): by default a 20 MB tensor is mmap'ed and
+    handed back to the kernel when freed (the next step faults its pages in again);
+    after keep_freed_memory it comes from the heap and stays there, free, for the next."""
+    def accounts(mode):
+        run = subprocess.run([sys.executable, "-c", GLIBC_ACCOUNTS_FOR_A_LARGE_TENSOR, mode], cwd=REPO,
+                             capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if "mallinfo2" in run.stderr:
+            pytest.skip("glibc before 2.33: no mallinfo2")
+        assert run.returncode == 0, run.stderr
+        mapped, kept = map(int, run.stdout.split())
+        return mapped, kept, run.stderr
+
+    mapped, kept, _ = accounts("default")
+    assert mapped >= 20 and kept < 20
+    mapped, kept, note = accounts("keep")
+    assert "glibc keeps freed blocks" in note
+    assert mapped == 0 and kept >= 20
+
+
+def test_keep_freed_memory_leaves_other_c_libraries_and_the_users_settings_alone(monkeypatch):
+    monkeypatch.setattr(platform, "system", lambda: "Linux")
+    monkeypatch.setattr(platform, "libc_ver", lambda: ("glibc", "2.36"))
+    monkeypatch.setattr(gdevice.ctypes, "CDLL", lambda name: pytest.fail("mallopt called"))
+    for name in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert gdevice.keep_freed_memory() == "memory: glibc's malloc as the environment sets it"
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    monkeypatch.setattr(platform, "libc_ver", lambda: ("", ""))  # musl
+    assert gdevice.keep_freed_memory() is None
+    monkeypatch.setattr(platform, "system", lambda: "Darwin")
+    assert gdevice.keep_freed_memory() is None

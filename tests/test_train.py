@@ -4,6 +4,7 @@ eval_only, checkpoint policy and wandb offline."""
 
 import math
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -511,7 +512,7 @@ def test_muon_run_resumes_exactly(data_dir, tmp_path):
         train.main(tiny_args(data_dir, part, init_from="resume", max_iters=14))
 
 
-def test_a_bfloat16_cpu_run_with_matmul_attention_learns_and_resumes_exactly(data_dir, tmp_path):
+def test_a_bfloat16_cpu_run_with_matmul_attention_learns_and_resumes_exactly(data_dir, tmp_path, capsys):
     """What configs/shakespeare_10min.py trains with on a CPU with bfloat16 instructions:
     autocast to bfloat16 and attention="matmul" (dropout on the attention weights too). The
     loss falls, the run's dtype is recorded, and a run resumed halfway equals one run
@@ -519,6 +520,8 @@ def test_a_bfloat16_cpu_run_with_matmul_attention_learns_and_resumes_exactly(dat
     full, part = tmp_path / "full", tmp_path / "part"
     args = dict(optimizer="muon", max_iters=12, eval_interval=6, dtype="bfloat16", attention="matmul")
     assert train.main(tiny_args(data_dir, full, **args)) == 0
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":  # the header says what it set
+        assert "memory: glibc keeps freed blocks for the next step" in capsys.readouterr().out
     assert train.main(tiny_args(data_dir, part, **{**args, "max_iters": 6})) == 0
     assert train.main(tiny_args(data_dir, part, init_from="resume", **args)) == 0
     a, b = losses_by_iter(full), losses_by_iter(part)

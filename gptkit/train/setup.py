@@ -27,7 +27,7 @@ from gptkit import lora
 from gptkit import scoring
 from gptkit.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.config import settings_dict
-from gptkit.device import enable_tf32, resolve_device, training_dtype
+from gptkit.device import enable_tf32, keep_freed_memory, resolve_device, training_dtype
 from gptkit.errors import UserError
 from gptkit.interop.hf_gpt2 import HUB_NAMES
 from gptkit.loading import adapted_model, checkpoint_of, load_base
@@ -48,6 +48,7 @@ class Device:
     name: str  # "cpu", "cuda:3", "mps"
     dtype: torch.dtype  # the autocast dtype (float32: no autocast)
     compile: bool
+    memory: str | None = None  # how the C library's malloc was set for training (CPU), for the header
 
     @property
     def type(self):
@@ -61,7 +62,8 @@ class Device:
         if device.startswith("cuda"):
             enable_tf32()
         use_compile = cfg.compile == "true" or (cfg.compile == "auto" and device.startswith("cuda"))
-        return cls(device, dtype, use_compile)
+        memory = keep_freed_memory() if device == "cpu" else None  # each step's tensors reused, not faulted in again
+        return cls(device, dtype, use_compile, memory)
 
     def autocast(self):
         return nullcontext() if self.dtype == torch.float32 else torch.autocast(self.type, dtype=self.dtype)
@@ -170,6 +172,8 @@ def header(settings, raw_model, dist, dev, cfg):
              f"{dev.name} {settings['dtype']} | compile {dev.compile} | kernels {fused.describe(raw_model)}"]
     if note := embedding_heavy_note(raw_model, cfg.init_from):
         lines.append(note)
+    if dev.memory:
+        lines.append(dev.memory)
     if lora.is_applied(raw_model):
         lines.append(lora.summary(raw_model))
     return lines
