@@ -30,9 +30,9 @@
 # wall time as one (a 2-core laptop's two threads are often one core).
 #
 # On a CPU with bfloat16 instructions the run autocasts to bfloat16 (below): on 2026-12-07's
-# AMD EPYC a step took ~200 against ~290 ms; 1200 CPU s scored 1.4476 and SEED1 on seeds
-# 1337 and 1 (~5,650 steps), and five minutes (`--time_budget=280`: the whole process ~290
-# CPU s) FIVE1337 and FIVE1 (BENCHMARKS.md).
+# AMD EPYC a step took ~200 against ~290 ms; 1200 CPU s scored 1.4476 and 1.4587 on seeds
+# 1337 and 1 (~5,650 steps; 1.4530 and 1.4506 earlier that day: two runs of one seed differ
+# by up to ~0.008, the schedule following the clock). Five minutes: configs/shakespeare_5min.py.
 
 from gptkit.device import cpu_computes_bf16
 

@@ -80,17 +80,18 @@ def keep_freed_memory():
     and up to 1 GB of free heap is kept: the process stays at its peak memory instead of
     shrinking between steps. Returns a line for the run's header, or None where the C
     library is not glibc (macOS, Windows, musl), which is left as it is. Left alone too
-    where the user set glibc's own variables (MALLOC_TRIM_THRESHOLD_=131072 restores
-    glibc's default)."""
+    where the environment sets glibc's malloc (any MALLOC_* variable, or GLIBC_TUNABLES).
+    Not the trim threshold alone: that switches glibc's dynamic mmap threshold off, and
+    every large tensor is then mapped and unmapped (100 s of kernel time in a 70 s run)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
-    if any(name in os.environ for name in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")):
+    if "GLIBC_TUNABLES" in os.environ or any(name.startswith("MALLOC_") for name in os.environ):
         return "memory: glibc's malloc as the environment sets it"
     libc = ctypes.CDLL(None)
     if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
         return None
     return ("memory: glibc keeps freed blocks for the next step (mallopt: mmap threshold 32 MB, "
-            "trim threshold 1 GB; MALLOC_TRIM_THRESHOLD_=131072 for glibc's default)")
+            "trim threshold 1 GB; any MALLOC_* or GLIBC_TUNABLES variable leaves malloc to it)")
 
 
 def training_dtype(name, device):

@@ -73,3 +73,14 @@ def test_help_lists_every_setting(capsys):
         for f in dataclasses.fields(cls):
             assert f"--{f.name} (" in text, f.name
             assert f.metadata["help"] in text
+
+
+def test_the_five_minute_config_is_the_ten_minute_one_with_a_shorter_budget():
+    """configs/shakespeare_5min.py imports every setting of shakespeare_10min.py (its dtype
+    choice by CPU included) and changes only where it writes, its budget and its decay."""
+    folder = CONFIGS[0].parent
+    (m5, t5), (m10, t10) = load(folder / "shakespeare_5min.py"), load(folder / "shakespeare_10min.py")
+    assert m5 == m10
+    changed = {f.name for f in dataclasses.fields(TrainConfig) if getattr(t5, f.name) != getattr(t10, f.name)}
+    assert changed == {"out_dir", "time_budget", "muon_weight_decay"}
+    assert (t5.out_dir, t5.time_budget, t5.muon_weight_decay) == ("out-shakespeare-5min", 280.0, 0.1)

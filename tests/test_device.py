@@ -161,11 +161,12 @@ def test_keep_freed_memory_leaves_other_c_libraries_and_the_users_settings_alone
     monkeypatch.setattr(platform, "system", lambda: "Linux")
     monkeypatch.setattr(platform, "libc_ver", lambda: ("glibc", "2.36"))
     monkeypatch.setattr(gdevice.ctypes, "CDLL", lambda name: pytest.fail("mallopt called"))
-    for name in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):
+    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["GLIBC_TUNABLES"]:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
-    assert gdevice.keep_freed_memory() == "memory: glibc's malloc as the environment sets it"
-    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    for name, value in (("MALLOC_ARENA_MAX", "2"), ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=131072")):
+        monkeypatch.setenv(name, value)
+        assert gdevice.keep_freed_memory() == "memory: glibc's malloc as the environment sets it"
+        monkeypatch.delenv(name)
     monkeypatch.setattr(platform, "libc_ver", lambda: ("", ""))  # musl
     assert gdevice.keep_freed_memory() is None
     monkeypatch.setattr(platform, "system", lambda: "Darwin")
