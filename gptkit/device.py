@@ -69,6 +69,11 @@ TRIM_THRESHOLD = 1 << 30
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (glibc's malloc.h)
 
 
+def runs_on_glibc():
+    """Whether this process's C library is glibc (Linux's usual one; not musl, macOS, Windows)."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 def keep_freed_memory():
     """Ask glibc's malloc to keep the memory a CPU training step frees for the next step.
 
@@ -83,7 +88,7 @@ def keep_freed_memory():
     where the environment sets glibc's malloc (any MALLOC_* variable, or GLIBC_TUNABLES).
     Not the trim threshold alone: that switches glibc's dynamic mmap threshold off, and
     every large tensor is then mapped and unmapped (100 s of kernel time in a 70 s run)."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not runs_on_glibc():
         return None
     if "GLIBC_TUNABLES" in os.environ or any(name.startswith("MALLOC_") for name in os.environ):
         return "memory: glibc's malloc as the environment sets it"

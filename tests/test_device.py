@@ -136,7 +136,7 @@ print(mapped >> 20, libc.mallinfo2().fordblks >> 20)  # MB mapped for it, MB of 
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+@pytest.mark.skipif(not gdevice.runs_on_glibc(), reason="glibc's malloc")
 def test_keep_freed_memory_keeps_a_steps_large_tensors_for_the_next():
     """By glibc's own accounts (mallinfo2): by default a 20 MB tensor is mmap'ed and
     handed back to the kernel when freed (the next step faults its pages in again);

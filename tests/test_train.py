@@ -4,7 +4,6 @@ eval_only, checkpoint policy and wandb offline."""
 
 import math
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from gptkit.checkpoint import load_checkpoint
+from gptkit.device import runs_on_glibc
 from gptkit.errors import UserError, run_main
 from gptkit.train.settings import check_world_size
 import train
@@ -520,7 +520,7 @@ def test_a_bfloat16_cpu_run_with_matmul_attention_learns_and_resumes_exactly(dat
     full, part = tmp_path / "full", tmp_path / "part"
     args = dict(optimizer="muon", max_iters=12, eval_interval=6, dtype="bfloat16", attention="matmul")
     assert train.main(tiny_args(data_dir, full, **args)) == 0
-    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":  # the header says what it set
+    if runs_on_glibc():  # the header says what it set
         assert "memory: glibc keeps freed blocks for the next step" in capsys.readouterr().out
     assert train.main(tiny_args(data_dir, part, **{**args, "max_iters": 6})) == 0
     assert train.main(tiny_args(data_dir, part, init_from="resume", **args)) == 0
