@@ -127,6 +127,10 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale.float() if kernel else scale.bfloat16(), persistent=False)
         if kernel is not None:  # int8_linear also reads each row's sum of q
             self.register_buffer("qsum", q.sum(dim=1, dtype=torch.int32), persistent=False)
+            # The C call's tensors, as it reads them, gathered once: a call's Python work is
+            # much of a small product's time (a plain attribute, not Module's buffer lookup).
+            bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+            self.c_arguments = (self.q, self.scale, self.qsum, bias)
 
     def forward(self, x):
         if not plain_input(x):
@@ -142,10 +146,9 @@ class Int8Linear(nn.Module):
         """int8_kernel.c's int8_linear on x (..., in) float32: (..., out), the bias added."""
         x = x.contiguous()
         y = x.new_empty(*x.shape[:-1], self.out_features)
-        bias = None if self.bias is None else self.bias.detach().float().contiguous()  # as the C code reads it
+        q, scale, qsum, bias = (None if t is None else t.data_ptr() for t in self.c_arguments)
         if self.kernel.int8_linear(x.data_ptr(), x.numel() // self.in_features, self.in_features,
-                                   self.q.data_ptr(), self.scale.data_ptr(), self.qsum.data_ptr(),
-                                   None if bias is None else bias.data_ptr(), self.out_features, y.data_ptr()):
+                                   q, scale, qsum, bias, self.out_features, y.data_ptr()):
             raise MemoryError("gptkit/int8_kernel.c: no memory for the inputs rounded to int8")
         return y
 
