@@ -8,8 +8,8 @@
 #
 # The quick start's block (configs/shakespeare.py: RoPE, RMSNorm, ReLU², QK-norm,
 # zero-init projections, an untied head, a logit soft-cap, Muon), 128 wide (160 in its
-# bfloat16 branch, below) with 256 characters of context. Chosen by a fixed-budget sweep alone on the machine
-# (benchmarks/LOG.md, 2026-12-02): at 300 CPU s the quick start's own shape led
+# bfloat16 branch, below) with 256 characters of context. Chosen by a fixed-budget sweep
+# alone on the machine (benchmarks/LOG.md, 2026-12-02): at 300 CPU s the quick start's own shape led
 # (1.5906) before this shape at block 128 (1.6002); at 1200 CPU s this shape reached
 # 1.5145 at block 128 (2150 steps), 1.5042 at block 256 with half the batch (the
 # same tokens a step, 1950 steps: the whole-split score gives each token half a
