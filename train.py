@@ -409,7 +409,7 @@ def run(model_cfg, cfg, dist, start_time):
     schedule = optim.Schedule(cfg, dev.type)  # to max_iters, or the time_budget if spent first
     log = logger.Logger(cfg, state, recorded, dist.is_main, schedule, write_files=write,
                         tokens_per_iter=batches.tokens_per_step(),
-                        mfu=logger.mfu_meter(model_cfg, dist.world_size, dev.name, dist.is_main))
+                        mfu=logger.mfu_meter(model_cfg, dist.world_size, dev.name, dist.is_main, dev.dtype))
     model.report_fallback_to(log.compile_failed)  # compile fails at the first forward: logged
     if write:
         write_text_atomic(out_dir / "config.json", json.dumps(recorded, indent=2) + "\n")

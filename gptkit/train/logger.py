@@ -126,17 +126,24 @@ class Clock:
         self.last_step_s, self.last_step_cpu_s = time.perf_counter() - t0, cpu_clock() - cpu0
 
 
-def mfu_meter(model_cfg, world_size, device, is_main):
+def mfu_meter(model_cfg, world_size, device, is_main, dtype=torch.float32):
     """mfu(tokens_per_s) of one rank's share of the tokens against the device's peak
-    (gptkit/train/mfu.py; measured once on a CPU), or None without a known peak."""
-    from gptkit.train.mfu import estimate_mfu, measure_peak
+    (gptkit/train/mfu.py; measured once on a CPU), or None without a known peak. On a
+    CPU, training faster than the recorded peak has measured a better one: it is kept."""
+    from gptkit.train.mfu import cpu_peak_flops, estimate_mfu, measure_peak
 
-    peak_flops = measure_peak(device) if is_main else None
+    peak_flops = measure_peak(device, dtype) if is_main else None
 
     def mfu(tokens_per_s):
+        nonlocal peak_flops
         if not peak_flops:
             return None
-        return estimate_mfu(model_cfg, tokens_per_s / world_size, peak_flops)
+        used = estimate_mfu(model_cfg, tokens_per_s / world_size, peak_flops)
+        if used > 1 and device == "cpu":  # the peak was measured on a busy machine
+            achieved = used * peak_flops
+            peak_flops = cpu_peak_flops(measure=lambda: achieved, dtype=dtype)
+            used = estimate_mfu(model_cfg, tokens_per_s / world_size, peak_flops)
+        return used
 
     return mfu
 

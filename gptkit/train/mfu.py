@@ -13,7 +13,10 @@ torch version:
     ~/.cache/gptkit/cpu_peak.json     ($GPTKIT_CACHE_DIR or $XDG_CACHE_HOME move it; delete it to re-measure)
 
 The peak only rises, so a run on a busy machine shows a lower MFU rather than a
-lower peak: its training really does get less of the machine.
+lower peak: its training really does get less of the machine. A peak first measured
+on a busy machine is too low; a run whose own training beats it has measured a better
+one, which replaces it (`mfu_meter`), so MFU never reads above 100%. A run autocast to
+bfloat16 is measured against bfloat16 products: an entry of its own.
 """
 
 import dataclasses
@@ -130,9 +133,10 @@ def cpu_model():
     return platform.processor() or platform.machine()
 
 
-def cpu_machine_key():
+def cpu_machine_key(dtype=torch.float32):
     """What the matmul peak depends on: a change of any of these is another entry."""
-    return f"{cpu_model()} | {os.cpu_count()} cores | {torch.get_num_threads()} threads | torch {torch.__version__}"
+    key = f"{cpu_model()} | {os.cpu_count()} cores | {torch.get_num_threads()} threads | torch {torch.__version__}"
+    return key if dtype == torch.float32 else f"{key} | {str(dtype).removeprefix('torch.')}"
 
 
 def _read_peaks(path):
@@ -145,14 +149,14 @@ def _read_peaks(path):
     return data["peaks"]
 
 
-def cpu_peak_flops(measure=None):
-    """The best fp32 matmul FLOP/s measured on this machine: a short measurement now,
+def cpu_peak_flops(measure=None, dtype=torch.float32):
+    """The best matmul FLOP/s in `dtype` measured on this machine: a short measurement now,
     raised to the best cached one; a new best is written back (atomically). A cache
     that cannot be written only costs the stability, never the run."""
-    measured = (measure or (lambda: measure_matmul_flops("cpu", seconds=0.3)))()
+    measured = (measure or (lambda: measure_matmul_flops("cpu", dtype=dtype, seconds=0.3)))()
     path = cache_dir(CPU_PEAK_FILE)
     peaks = _read_peaks(path)
-    key = cpu_machine_key()
+    key = cpu_machine_key(dtype)
     cached = peaks.get(key)
     if isinstance(cached, (int, float)) and cached >= measured:
         return float(cached)
@@ -169,13 +173,14 @@ def cpu_peak_flops(measure=None):
 _PEAKS = {}
 
 
-def measure_peak(device):
+def measure_peak(device, dtype=torch.float32):
     """Peak FLOP/s that MFU is measured against: the datasheet on CUDA, the best
-    fp32 matmul rate measured on this machine on a CPU (cpu_peak_flops); cached per process."""
-    if device not in _PEAKS:
+    matmul rate in the run's dtype measured on this machine on a CPU (cpu_peak_flops);
+    cached per process."""
+    if (device, dtype) not in _PEAKS:
         peak = peak_flops_for_device(device)
         if peak is None and device == "cpu":
             with torch.random.fork_rng(devices=[]):  # its random matrices must not shift dropout's stream
-                peak = cpu_peak_flops()
-        _PEAKS[device] = peak
-    return _PEAKS[device]
+                peak = cpu_peak_flops(dtype=dtype)
+        _PEAKS[device, dtype] = peak
+    return _PEAKS[device, dtype]

@@ -66,3 +66,33 @@ def test_damaged_or_unwritable_cache_never_stops_a_run(tmp_path, monkeypatch):
     blocker.write_text("")
     monkeypatch.setenv("GPTKIT_CACHE_DIR", str(blocker / "cache"))  # a folder below a file: cannot exist
     assert mfu.cpu_peak_flops(measure=lambda: 40e9) == 40e9
+
+
+def test_cpu_peak_has_an_entry_per_dtype(tmp_path, monkeypatch):
+    from gptkit.train import mfu
+
+    monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path))
+    assert mfu.cpu_peak_flops(measure=lambda: 50e9) == 50e9
+    assert mfu.cpu_peak_flops(measure=lambda: 90e9, dtype=torch.bfloat16) == 90e9  # bf16 products: their own
+    assert mfu.cpu_peak_flops(measure=lambda: 10e9) == 50e9  # float32's entry is untouched
+    peaks = json.loads((tmp_path / "cpu_peak.json").read_text())["peaks"]
+    assert peaks == {mfu.cpu_machine_key(): 50e9, mfu.cpu_machine_key() + " | bfloat16": 90e9}
+    assert mfu.cpu_machine_key(torch.bfloat16) == mfu.cpu_machine_key() + " | bfloat16"
+
+
+def test_training_faster_than_a_busy_machines_peak_raises_it(tmp_path, monkeypatch):
+    """A first peak measured while something else ran is too low: the run's own rate beats
+    it, replaces it (in the cache too), and MFU reads 100%, never 150%."""
+    from gptkit.train import logger, mfu
+
+    monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(mfu, "_PEAKS", {})
+    monkeypatch.setattr(mfu, "measure_matmul_flops", lambda *a, **k: 1e9)  # the busy start-up's measurement
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=65)
+    meter = logger.mfu_meter(cfg, 1, "cpu", True)
+    tokens_at_the_peak = 1e9 / flops_per_token(cfg)
+    assert meter(0.5 * tokens_at_the_peak) == pytest.approx(0.5)
+    assert meter(3 * tokens_at_the_peak) == pytest.approx(1.0)  # a better peak, measured by training
+    assert meter(1.5 * tokens_at_the_peak) == pytest.approx(0.5)  # against it from now on
+    saved = json.loads((tmp_path / "cpu_peak.json").read_text())["peaks"]
+    assert saved == {mfu.cpu_machine_key(): pytest.approx(3e9)}  # the next run starts from it
