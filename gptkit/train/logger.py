@@ -130,7 +130,7 @@ def mfu_meter(model_cfg, world_size, device, is_main, dtype=torch.float32):
     """mfu(tokens_per_s) of one rank's share of the tokens against the device's peak
     (gptkit/train/mfu.py; measured once on a CPU), or None without a known peak. On a
     CPU, training faster than the recorded peak has measured a better one: it is kept."""
-    from gptkit.train.mfu import cpu_peak_flops, estimate_mfu, measure_peak
+    from gptkit.train.mfu import cpu_peak_dtype, cpu_peak_flops, estimate_mfu, measure_peak
 
     peak_flops = measure_peak(device, dtype) if is_main else None
 
@@ -141,7 +141,7 @@ def mfu_meter(model_cfg, world_size, device, is_main, dtype=torch.float32):
         used = estimate_mfu(model_cfg, tokens_per_s / world_size, peak_flops)
         if used > 1 and device == "cpu":  # the peak was measured on a busy machine
             achieved = used * peak_flops
-            peak_flops = cpu_peak_flops(measure=lambda: achieved, dtype=dtype)
+            peak_flops = cpu_peak_flops(measure=lambda: achieved, dtype=cpu_peak_dtype(dtype))
             used = estimate_mfu(model_cfg, tokens_per_s / world_size, peak_flops)
         return used
 

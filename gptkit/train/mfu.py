@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 
 from gptkit.atomic import atomic_write
+from gptkit.device import cpu_computes_bf16
 from gptkit.errors import RunFailed
 from gptkit.params import meta_model
 from gptkit.paths import cache_dir
@@ -170,6 +171,12 @@ def cpu_peak_flops(measure=None, dtype=torch.float32):
     return measured
 
 
+def cpu_peak_dtype(dtype):
+    """The dtype whose products are a CPU run's peak: bfloat16 where the CPU computes it,
+    else float32 (emulated bfloat16 or float16 is slower than float32, and slow to measure)."""
+    return torch.bfloat16 if dtype == torch.bfloat16 and cpu_computes_bf16() else torch.float32
+
+
 _PEAKS = {}
 
 
@@ -181,6 +188,6 @@ def measure_peak(device, dtype=torch.float32):
         peak = peak_flops_for_device(device)
         if peak is None and device == "cpu":
             with torch.random.fork_rng(devices=[]):  # its random matrices must not shift dropout's stream
-                peak = cpu_peak_flops(dtype=dtype)
+                peak = cpu_peak_flops(dtype=cpu_peak_dtype(dtype))
         _PEAKS[device, dtype] = peak
     return _PEAKS[device, dtype]

@@ -96,3 +96,21 @@ def test_training_faster_than_a_busy_machines_peak_raises_it(tmp_path, monkeypat
     assert meter(1.5 * tokens_at_the_peak) == pytest.approx(0.5)  # against it from now on
     saved = json.loads((tmp_path / "cpu_peak.json").read_text())["peaks"]
     assert saved == {mfu.cpu_machine_key(): pytest.approx(3e9)}  # the next run starts from it
+
+
+@pytest.mark.parametrize("computes_bf16", [True, False])
+def test_a_bfloat16_run_is_measured_against_bfloat16_where_the_cpu_computes_it(tmp_path, monkeypatch, computes_bf16):
+    from gptkit.train import logger, mfu
+
+    monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(mfu, "_PEAKS", {})
+    monkeypatch.setattr(mfu, "cpu_computes_bf16", lambda: computes_bf16)
+    measured = []
+    monkeypatch.setattr(mfu, "measure_matmul_flops", lambda *a, dtype, **k: measured.append(dtype) or 1e9)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=65)
+    meter = logger.mfu_meter(cfg, 1, "cpu", True, torch.bfloat16)
+    assert meter(2e9 / flops_per_token(cfg)) == pytest.approx(1.0)
+    peak_dtype = torch.bfloat16 if computes_bf16 else torch.float32  # emulated: float32 is the faster peak
+    assert measured == [peak_dtype]
+    saved = json.loads((tmp_path / "cpu_peak.json").read_text())["peaks"]
+    assert saved == {mfu.cpu_machine_key(peak_dtype): pytest.approx(2e9)}
