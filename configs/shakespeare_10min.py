@@ -7,8 +7,8 @@
 #   python sample.py --out_dir out-shakespeare-10min --start "ROMEO:"
 #
 # The quick start's block (configs/shakespeare.py: RoPE, RMSNorm, ReLU², QK-norm,
-# zero-init projections, an untied head, a logit soft-cap, Muon), 128 wide (160 in its
-# bfloat16 branch, below) with 256 characters of context. Chosen by a fixed-budget sweep
+# zero-init projections, an untied head, a logit soft-cap, Muon), 3 layers 128 wide (4 layers
+# in its bfloat16 branch, below) with 256 characters of context. Chosen by a fixed-budget sweep
 # alone on the machine (benchmarks/LOG.md, 2026-12-02): at 300 CPU s the quick start's own shape led
 # (1.5906) before this shape at block 128 (1.6002); at 1200 CPU s this shape reached
 # 1.5145 at block 128 (2150 steps), 1.5042 at block 256 with half the batch (the
@@ -32,8 +32,9 @@
 # On a CPU with bfloat16 instructions the run autocasts to bfloat16 (below): on 2026-12-07's
 # AMD EPYC a step took ~200 against ~290 ms; 1200 CPU s scored 1.4476 and 1.4587 on seeds
 # 1337 and 1 (~5,650 steps; 1.4530 and 1.4506 earlier that day: two runs of one seed differ
-# by up to ~0.008, the schedule following the clock), and 160 wide (this config's bfloat16
-# branch) 1.4409 and 1.4523 (~4,100-4,300 steps). Five minutes: configs/shakespeare_5min.py.
+# by up to ~0.008, the schedule following the clock), 160 wide 1.4409 and 1.4523 (~4,100-4,300
+# steps), and 4 layers (this config's bfloat16 branch) 1.4480 and 1.4442 (~4,400-4,600
+# steps). Five minutes: configs/shakespeare_5min.py.
 
 from gptkit.device import cpu_computes_bf16
 
@@ -77,12 +78,12 @@ if cpu_computes_bf16():
     # Half again the steps overfit more (~24 passes over the text): at 1200 CPU s, seed 1337,
     # Muon's weight decay 0.1 scored 1.4828, 0.2 1.4620, 0.3 1.4530, 0.4 1.4540 (benchmarks/LOG.md).
     muon_weight_decay = 0.3
-    # With the decay holding it, a wider model pays for its dearer steps (~260 against ~205 ms:
-    # ~4,100 steps, ~17 passes): at 128 wide the runs ended at 1.4476-1.4587 (four runs, two
-    # seeds), 160 wide at 1.4409 and 1.4523 (seeds 1337 and 1, 2026-12-07, benchmarks/LOG.md).
-    n_head = 5  # heads of 32, as at 128 wide
-    n_embd = 160
-    mlp_hidden = 320
+    # With the decay holding it, a larger model pays for its dearer steps. At seeds 1337 and 1
+    # (2026-12-07, benchmarks/LOG.md): 3 layers 128 wide ended at 1.4476-1.4587 (four runs),
+    # 160 wide at 1.4409 and 1.4523 (~260 ms a step, ~4,100 steps), 4 layers 128 wide at 1.4480
+    # and 1.4442 (~240-270 ms, ~4,400-4,600 steps); block 512 at batch 8 (160 wide) tied block
+    # 256 on seed 1.
+    n_layer = 4
     # Evaluations in bfloat16 take ~3 CPU s and the kernel's time is ~1 s (train.py keeps freed
     # memory, gptkit/device.py): the whole process ends at ~1192 CPU s with 1176 of steps.
     time_budget = 1176.0

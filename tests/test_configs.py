@@ -78,11 +78,11 @@ def test_help_lists_every_setting(capsys):
 def test_the_five_minute_config_is_the_ten_minute_one_with_a_shorter_budget():
     """configs/shakespeare_5min.py imports every setting of shakespeare_10min.py (its dtype
     choice by CPU included) and changes only where it writes, its budget, its decay and
-    its width (128, where the ten-minute config's bfloat16 branch is 160)."""
+    its depth (3 layers, where the ten-minute config's bfloat16 branch has 4)."""
     folder = CONFIGS[0].parent
     (m5, t5), (m10, t10) = load(folder / "shakespeare_5min.py"), load(folder / "shakespeare_10min.py")
-    assert (m5.n_embd, m5.n_head, m5.mlp_hidden) == (128, 4, 256)
-    assert m5 == dataclasses.replace(m10, n_embd=128, n_head=4, mlp_hidden=256)
+    assert (m5.n_layer, m5.n_embd, m5.n_head, m5.mlp_hidden) == (3, 128, 4, 256)
+    assert m5 == dataclasses.replace(m10, n_layer=3)
     changed = {f.name for f in dataclasses.fields(TrainConfig) if getattr(t5, f.name) != getattr(t10, f.name)}
     assert changed == {"out_dir", "time_budget", "muon_weight_decay"}
     assert (t5.out_dir, t5.time_budget, t5.muon_weight_decay) == ("out-shakespeare-5min", 280.0, 0.1)

@@ -111,8 +111,8 @@ def test_the_ten_minute_config_trains_in_bfloat16_only_where_the_cpu_has_its_ins
     assert gdevice.cpu_computes_bf16() is native
     settings = read_config_file(REPO / "configs" / "shakespeare_10min.py")
     chosen = (settings.get("dtype", "auto"), settings.get("attention", "sdpa"), settings["muon_weight_decay"],
-              settings["time_budget"], settings["n_embd"])
-    assert chosen == (("bfloat16", "matmul", 0.3, 1176.0, 160) if native else ("auto", "sdpa", 0.1, 1160.0, 128))
+              settings["time_budget"], settings["n_layer"], settings["n_embd"])
+    assert chosen == (("bfloat16", "matmul", 0.3, 1176.0, 4, 128) if native else ("auto", "sdpa", 0.1, 1160.0, 3, 128))
     monkeypatch.setattr(builtins, "open", lambda path, *a, **k: (_ for _ in ()).throw(OSError("no such file"))
                         if path == "/proc/cpuinfo" else real_open(path, *a, **k))
     assert gdevice.cpu_computes_bf16() is False  # not Linux: float32, as before
