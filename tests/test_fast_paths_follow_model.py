@@ -9,9 +9,8 @@ an activation clamped, attention written by hand with its scores scaled, RMSNorm
 submodule and class renamed with all their uses, a submodule added to each block), and in
 one process trains a few steps with the default kernels and with --cpu_kernels model,
 samples with the default decode and with --cpu_decode false, and chats both ways; then
-serve.py answers with the same model. The
-defaults must equal model.py's own path, differ from the unedited tree's, and no command
-may print a traceback."""
+serve.py answers with the same model. The defaults must equal model.py's own path, differ
+from the unedited tree's, and no command may print a traceback."""
 
 import json
 import re
