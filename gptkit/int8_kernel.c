@@ -13,7 +13,6 @@
  * unsigned by adding 128: sum (xq + 128) q = sum xq q + 128 sum q, so the row sums
  * of q (qsum, computed once) take the 128 back out. */
 
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -30,7 +29,7 @@ static __mmask16 lanes(int n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)
  * the nearest integer, ties to even (the CPU's default rounding, as lrintf), plus 128. */
 static float quantize_row(const float *x, int in, uint8_t *xq) {
     __m512 amax = _mm512_setzero_ps();
-    for (int i = 0; i < in; i += 16)  /* |x| first: max_ps returns its second operand on a NaN */
+    for (int i = 0; i < in; i += 16)  /* |x| as max_ps's first operand: a NaN there is passed over */
         amax = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(lanes(in - i), x + i)), amax);
     float top = _mm512_reduce_max_ps(amax);
     float s = top > 0.f ? top / 127.f : 1.f;

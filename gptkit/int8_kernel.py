@@ -8,7 +8,7 @@ torch._int_mm, oneDNN's prepacked qlinear, an inductor-compiled reduction) all r
 near float16's speed on this project's CPUs (BENCHMARKS.md's route table): they read
 a quarter of the bytes but spend the time saved converting them. The C file is the
 product written out with the instruction made for it (vpdpbusd: 64 byte products a
-step), ~40 lines.
+step), ~60 lines.
 
 The library is built once per source, compiler and CPU with `$CC` (default `cc`)
 `-O3 -march=native` into gptkit's cache folder (gptkit/paths.py's cache_dir:
