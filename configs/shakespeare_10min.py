@@ -33,8 +33,8 @@
 # AMD EPYC a step took ~200 against ~290 ms; 1200 CPU s scored 1.4476 and 1.4587 on seeds
 # 1337 and 1 (~5,650 steps; 1.4530 and 1.4506 earlier that day: two runs of one seed differ
 # by up to ~0.008, the schedule following the clock), 160 wide 1.4409 and 1.4523 (~4,100-4,300
-# steps), and 4 layers (this config's bfloat16 branch) 1.4480 and 1.4442 (~4,400-4,600
-# steps). Five minutes: configs/shakespeare_5min.py.
+# steps), and 4 layers (this config's bfloat16 branch) 1.4480 (1.4417 in a second run) and
+# 1.4442 (~4,400-4,600 steps). Five minutes: configs/shakespeare_5min.py.
 
 from gptkit.device import cpu_computes_bf16
 
