@@ -177,7 +177,7 @@ def check_vocabulary(meta, meta_path):
     """The tokenizer meta.json describes (checked whole, whatever its pin says) must
     agree with vocab_size, and eot_id lie inside that vocabulary."""
     expected = check_description(meta["tokenizer"], meta_path)
-    if "chat" in meta:  # the four turn tokens follow the tokenizer's ids (gptkit/chat.py)
+    if "chat" in meta:  # the turn (and tool) tokens follow the tokenizer's ids (gptkit/chat.py)
         from gptkit.chat import check_chat_meta
 
         expected += check_chat_meta(meta, expected, meta_path)

@@ -263,7 +263,7 @@ def score_chat_split(candidate, data_dir, name, split, meta, settings):
     rows = list(range(batches.n_windows(split)))
     if settings.max_tokens is not None:
         rows = rows[: max(1, settings.max_tokens // (T + 1))]
-    byte_lengths = chat_byte_lengths(scoring.byte_lengths_tensor(candidate.tokenizer, settings.device))
+    byte_lengths = chat_byte_lengths(scoring.byte_lengths_tensor(candidate.tokenizer, settings.device), meta["vocab_size"])
     total = scoring.accumulator(settings.device)
     with torch.no_grad():
         for i in range(0, len(rows), settings.batch_size):

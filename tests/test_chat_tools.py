@@ -1,0 +1,111 @@
+"""Tool calls in the chat template (gptkit/chat.py): their tokens, their mask, the checks of
+a conversation that calls the calculator, and a prepared dataset that holds them."""
+
+import json
+
+import pytest
+
+from gptkit.chat import (CHAT_TEMPLATE, chat_vocabulary, encode_conversation, parse_line, prompt_ids,
+                         special_ids, tool_ids, turn_ids)
+from gptkit.errors import UserError
+from gptkit.tokenizer import CharTokenizer
+
+CHARS = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz ?0123456789*+-/()")))
+BASE = CHARS.vocab_size
+
+
+def call(expression, as_string=True):
+    arguments = {"expression": expression}
+    return {"type": "function", "function": {"name": "calculator",
+                                             "arguments": json.dumps(arguments) if as_string else arguments}}
+
+
+def tool_conversation(as_string=True):
+    return [{"role": "user", "content": "what is 12*34?"},
+            {"role": "assistant", "content": "so", "tool_calls": [call("12*34", as_string)]},
+            {"role": "tool", "content": "408"},
+            {"role": "assistant", "content": "it is 408"},
+            {"role": "user", "content": "and 2+2?"},
+            {"role": "assistant", "content": "4"}]
+
+
+def test_a_call_is_learned_and_its_output_is_not():
+    ids, mask = encode_conversation(tool_conversation(), CHARS.encode, BASE)
+    s, enc = special_ids(BASE, tools=True), CHARS.encode
+    expected = [(s["<|user|>"], 0), *[(t, 0) for t in enc("what is 12*34?")], (s["<|end|>"], 0),
+                (s["<|assistant|>"], 0), *[(t, 1) for t in enc("so")],
+                (s["<|call|>"], 1), *[(t, 1) for t in enc("12*34")], (s["<|/call|>"], 1),
+                (s["<|output|>"], 0), *[(t, 0) for t in enc("408")], (s["<|/output|>"], 0),
+                *[(t, 1) for t in enc("it is 408")], (s["<|end|>"], 1),  # the same turn goes on
+                (s["<|user|>"], 0), *[(t, 0) for t in enc("and 2+2?")], (s["<|end|>"], 0),
+                (s["<|assistant|>"], 0), (enc("4")[0], 1), (s["<|end|>"], 1)]
+    assert list(zip(ids, mask)) == expected
+    # the arguments as an object (transformers' form) or a JSON string (OpenAI's) are the same tokens
+    assert encode_conversation(tool_conversation(as_string=False), CHARS.encode, BASE) == (ids, mask)
+
+
+def test_tool_ids_follow_the_turn_ids_and_only_a_model_with_them_has_them():
+    assert list(tool_ids(BASE).values()) == list(range(BASE + 4, BASE + 8))
+    assert chat_vocabulary(BASE + 4, BASE) == turn_ids(BASE)
+    assert chat_vocabulary(BASE + 8, BASE) == turn_ids(BASE) | tool_ids(BASE)
+    assert chat_vocabulary(BASE + 5, BASE) is None and chat_vocabulary(BASE, BASE) is None
+
+
+def test_the_jinja_template_renders_a_tool_conversation_as_our_ids():
+    jinja2 = pytest.importorskip("jinja2")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # as transformers and llama-cpp-python render
+
+    template = ImmutableSandboxedEnvironment().from_string(CHAT_TEMPLATE)
+    names = {v: k for k, v in special_ids(BASE, tools=True).items()}
+    messages = tool_conversation(as_string=False)
+    for prompt, generation in ((messages, False), (messages[:5], True)):
+        text = template.render(messages=prompt, add_generation_prompt=generation)
+        ours = prompt_ids(prompt, CHARS.encode, BASE) if generation else encode_conversation(prompt, CHARS.encode, BASE)[0]
+        assert text == "".join(names.get(i) or CHARS.decode([i]) for i in ours)
+    assert jinja2
+
+
+GOOD_CALL = {"role": "assistant", "content": None, "tool_calls": [call("1+1")]}
+
+
+@pytest.mark.parametrize("messages, words", [
+    ([{"role": "user", "content": "a"}, {"role": "tool", "content": "2"}, {"role": "assistant", "content": "b"}],
+     "no assistant tool call before it"),
+    ([{"role": "user", "content": "a"}, GOOD_CALL, {"role": "assistant", "content": "b"}], "come their outputs"),
+    ([{"role": "user", "content": "a"}, GOOD_CALL, {"role": "tool", "content": "2"}], "ends inside a tool call"),
+    ([{"role": "user", "content": "a"}, GOOD_CALL, {"role": "tool", "content": "2"}, {"role": "user", "content": "b"}],
+     "come their outputs"),
+    ([{"role": "user", "content": "a", "tool_calls": [call("1")]}, {"role": "assistant", "content": "b"}],
+     "only an assistant message"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "python", "arguments": "{}"}}]}], "only tool is the calculator"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "calculator", "arguments": "{\"expr\": 1"}}]}], "arguments must be"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "", "tool_calls": []}], "non-empty list"),
+])
+def test_a_misplaced_or_malformed_call_is_one_line(messages, words):
+    with pytest.raises(UserError) as e:
+        parse_line(json.dumps({"messages": messages}).encode())
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_call_with_no_content_reads_as_empty_content():
+    messages = parse_line(json.dumps({"messages": [{"role": "user", "content": "a"}, GOOD_CALL,
+                                                   {"role": "tool", "content": "2"},
+                                                   {"role": "assistant", "content": "2"}]}).encode())
+    assert messages[1]["content"] == "" and GOOD_CALL["content"] is None  # the caller's dict is left as it was
+
+
+def test_a_dataset_with_calls_has_the_tool_tokens_and_one_without_has_not(tmp_path):
+    from gptkit.dataset import load_meta
+    from gptkit.prepare.chat import prepare_chat
+
+    plain = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    for name, conversations in (("tools", [tool_conversation(), plain] * 5), ("plain", [plain] * 10)):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+        prepare_chat([path], "char", name, tmp_path, progress=False)
+    tools, plain_meta = load_meta(tmp_path, "tools"), load_meta(tmp_path, "plain")
+    base = tools["vocab_size"] - 8
+    assert tools["chat"]["tool_ids"] == tool_ids(base) and "*" in tools["tokenizer"]["chars"]  # the call's text too
+    assert "tool_ids" not in plain_meta["chat"] and plain_meta["vocab_size"] == len(plain_meta["tokenizer"]["chars"]) + 4
