@@ -36,7 +36,7 @@
 # steps), and 4 layers (this config's bfloat16 branch) 1.4480 (1.4417 in a second run) and
 # 1.4442 (~4,400-4,600 steps). Five minutes: configs/shakespeare_5min.py.
 
-from gptkit.device import cpu_computes_bf16
+from gptkit.ops.device import cpu_computes_bf16
 
 out_dir = "out-shakespeare-10min"
 dataset = "shakespeare_char"
@@ -85,7 +85,7 @@ if cpu_computes_bf16():
     # 256 on seed 1.
     n_layer = 4
     # Evaluations in bfloat16 take ~3 CPU s and the kernel's time is ~1 s (train.py keeps freed
-    # memory, gptkit/device.py): the whole process ends at ~1192 CPU s with 1176 of steps.
+    # memory, gptkit/ops/device.py): the whole process ends at ~1192 CPU s with 1176 of steps.
     time_budget = 1176.0
 
 lr_schedule = "wsd"

@@ -1,14 +1,14 @@
-"""Tool calls in the chat template (gptkit/chat.py): their tokens, their mask, the checks of
+"""Tool calls in the chat template (gptkit/data/chat.py): their tokens, their mask, the checks of
 a conversation that calls the calculator, and a prepared dataset that holds them."""
 
 import json
 
 import pytest
 
-from gptkit.chat import (CHAT_TEMPLATE, chat_vocabulary, encode_conversation, parse_line, prompt_ids,
+from gptkit.data.chat import (CHAT_TEMPLATE, chat_vocabulary, encode_conversation, parse_line, prompt_ids,
                          special_ids, tool_ids, turn_ids)
-from gptkit.errors import UserError
-from gptkit.tokenizer import CharTokenizer
+from gptkit.ops.errors import UserError
+from gptkit.data.tokenizer import CharTokenizer
 
 CHARS = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz ?0123456789*+-/()")))
 BASE = CHARS.vocab_size
@@ -97,7 +97,7 @@ def test_a_call_with_no_content_reads_as_empty_content():
 
 
 def test_a_dataset_with_calls_has_the_tool_tokens_and_one_without_has_not(tmp_path):
-    from gptkit.dataset import load_meta
+    from gptkit.data.dataset import load_meta
     from gptkit.prepare.chat import prepare_chat
 
     plain = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]

@@ -78,8 +78,8 @@ def test_prepare_does_not_import_torch(tmp_path):
 
 
 def test_model_imports_only_torch_and_its_settings():
-    """model.py is the architecture: speed swaps (gptkit/fused.py) are applied to a
-    built model from outside, and generation policies live in gptkit/generate.py."""
+    """model.py is the architecture: speed swaps (gptkit/fast/fused.py) are applied to a
+    built model from outside, and generation policies live in gptkit/generation/generate.py."""
     allowed = {"math", "dataclasses", "torch", "torch.nn", "torch.nn.functional", "gptkit.config"}
     imported = set()
     for node in ast.walk(ast.parse((REPO / "model.py").read_text(encoding="utf-8"))):
@@ -213,7 +213,7 @@ def test_only_train_py_steps_around_the_model():
 
 def test_train_py_reads_from_the_top():
     """train_step within the first 180 lines, run() within 90, and no chat branch in it:
-    the reader (gptkit/dataset.py's open_batches) is what differs for chat data."""
+    the reader (gptkit/data/dataset.py's open_batches) is what differs for chat data."""
     tree = ast.parse((REPO / "train.py").read_text(encoding="utf-8"))
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
     assert functions["train_step"].lineno <= 180
@@ -227,7 +227,7 @@ def test_train_py_reads_from_the_top():
 
 def test_the_package_top_level_never_imports_training():
     """Sampling, evaluation and export read checkpoints through gptkit/ alone
-    (gptkit/sharded.py, gptkit/run_state.py): no gptkit/*.py module imports gptkit.train."""
+    (gptkit/ops/sharded.py, gptkit/run_state.py): no gptkit/*.py module imports gptkit.train."""
     graph = project_imports()
     problems = [f"{name} imports {dep}" for name, deps in graph.items()
                 if name.startswith("gptkit.") and not name.startswith("gptkit.train") and name.count(".") >= 1

@@ -1,5 +1,5 @@
 """serve.py's continuous batching, in process: requests of different lengths and settings
-that join and leave one running batch each get the reply gptkit/generate.py's
+that join and leave one running batch each get the reply gptkit/generation/generate.py's
 generate_samples (sample.py's loop, model.py's plain KVCache, one request alone) gives."""
 
 import dataclasses
@@ -10,9 +10,9 @@ import pytest
 import torch
 from serve_helpers import write_checkpoint
 
-from gptkit import chat_session
-from gptkit.generate import generate_samples
-from gptkit.loading import load_model
+from gptkit.generation import chat_session
+from gptkit.generation.generate import generate_samples
+from gptkit.models.loading import load_model
 from gptkit.serve import api
 from gptkit.serve.worker import Job, Worker
 
@@ -297,10 +297,10 @@ def test_a_stream_writes_at_most_once_per_interval_the_first_token_at_once_and_e
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
 def test_model_py_as_written_batches_as_it_runs_alone_for_every_variant_and_part(variant, dtype):
     """serve.py's start-up check passes on model.py as written: every position encoding,
-    norm, MLP and attention, with each of gptkit/cpu_linears.py's parts swapped in; and it
+    norm, MLP and attention, with each of gptkit/fast/cpu_linears.py's parts swapped in; and it
     fails where a row's logits beside others are not its own (a model whose attention
     ignores the padding mask)."""
-    from gptkit.generate import prepare_for_generating
+    from gptkit.generation.generate import prepare_for_generating
     from gptkit.serve.batch import batching_differs
     from model import GPT, GPTConfig
 

@@ -4,7 +4,7 @@ the uvicorn server that runs it until SIGINT or SIGTERM.
     GET  /                      the chat page (gptkit/serve/page.html)
     GET  /health                {"status": "ok", ...}: no key needed
     GET  /v1/models             the one model served
-    POST /v1/chat/completions   chat models only: the template of gptkit/chat.py
+    POST /v1/chat/completions   chat models only: the template of gptkit/data/chat.py
     POST /v1/completions        any model: a plain continuation of `prompt`
 
 Streams are server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
@@ -319,7 +319,7 @@ def build_app(state):
             body, state.model_name, state.max_tokens, api.COMPLETIONS_DEFAULT_MAX_TOKENS, cfg)
         prompt = api.check_prompt(body)
         n, top = api.check_choices(body, "text")
-        from gptkit.errors import UserError
+        from gptkit.ops.errors import UserError
 
         try:
             ids = state.tokenizer.encode(prompt)

@@ -12,7 +12,7 @@ positions (model.py documents the shapes and the padding mask). One `Batch.step`
        BatchKVCache of their own) and their cache rows are appended: they are in the
        batch from the next step
     4. every row picks its next token from its own logits with its own settings and
-       random generator (gptkit/sampling.py's choose_next_token, as sample.py does),
+       random generator (gptkit/generation/sampling.py's choose_next_token, as sample.py does),
        and its text grows through generate.py's TextStream (stop strings, stop tokens)
 
 A row's tokens are those generate.generate_samples gives the same request alone
@@ -26,9 +26,9 @@ import dataclasses
 
 import torch
 
-from gptkit.errors import first_line
-from gptkit.generate import TextStream, same_logits_tolerance
-from gptkit.sampling import choose_next_token
+from gptkit.ops.errors import first_line
+from gptkit.generation.generate import TextStream, same_logits_tolerance
+from gptkit.generation.sampling import choose_next_token
 from model import BatchKVCache, KVCache
 
 

@@ -8,8 +8,8 @@ import socket
 import sys
 import time
 
-from gptkit.chat import chat_vocabulary
-from gptkit.errors import UserError
+from gptkit.data.chat import chat_vocabulary
+from gptkit.ops.errors import UserError
 from gptkit.serve.guard import LISTEN_BACKLOG
 
 API_KEY_VARIABLE = "GPTKIT_API_KEY"
@@ -88,8 +88,8 @@ def batch_size_that_runs(model, device, max_batch, header):
     lengths together as it runs each alone (gptkit/serve/batch.py's batching_differs);
     else 1, the header saying why in one more line. UserError if even one row fails, or
     if the forward through a KV cache is not the forward over the whole context."""
-    from gptkit import cpu_linears
-    from gptkit.generate import cache_differs
+    from gptkit.fast import cpu_linears
+    from gptkit.generation.generate import cache_differs
     from gptkit.serve.batch import batching_differs
 
     why = cache_differs(model, note=None)
@@ -110,7 +110,7 @@ def batch_size_that_runs(model, device, max_batch, header):
 
 def serve(model, tokenizer, summary, cfg, device, model_name, sock):
     """Run the server on the listening socket `sock` (from bind) until SIGINT or SIGTERM; 0 then."""
-    from gptkit.generate import prepare_for_generating
+    from gptkit.generation.generate import prepare_for_generating
     from gptkit.serve import api
     from gptkit.serve.app import build_app, run_server
     from gptkit.serve.guard import allowed_host_names, parse_allowed_hosts

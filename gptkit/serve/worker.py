@@ -29,10 +29,12 @@ import traceback
 
 import torch
 
-from gptkit import chat_session, faults
-from gptkit.chat import chat_vocabulary
-from gptkit.errors import UserError, first_line
-from gptkit.generate import TextStream, end_of_text, turn_marker
+from gptkit.generation import chat_session
+
+from gptkit.ops import faults
+from gptkit.data.chat import chat_vocabulary
+from gptkit.ops.errors import UserError, first_line
+from gptkit.generation.generate import TextStream, end_of_text, turn_marker
 from gptkit.serve.batch import Batch, Row
 
 
