@@ -56,7 +56,8 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'tool' %}{{ '<|output|>' + message['content'] + '<|/output|>' }}"
     "{% else %}"
-    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|' + message['role'] + '|>' }}{% endif %}"
+    "{% if message['role'] != 'assistant' or loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{ '<|' + message['role'] + '|>' }}{% endif %}"
     "{{ message['content'] or '' }}"
     "{% for call in message.get('tool_calls') or [] %}"
     "{{ '<|call|>' + call['function']['arguments']['expression'] + '<|/call|>' }}"
@@ -117,6 +118,11 @@ def call_expression(call):
     return (json.loads(arguments) if isinstance(arguments, str) else arguments)["expression"]
 
 
+def continues_turn(messages, i):
+    """Whether message i goes on with the assistant's turn: an assistant message after a tool's output."""
+    return messages[i]["role"] == "assistant" and i > 0 and messages[i - 1]["role"] == "tool"
+
+
 def encode_conversation(messages, encode, base_vocab_size):
     """(ids, mask) of one conversation: lists of equal length, mask 1 on the targets.
     A tool's message is context inside the assistant's turn, which goes on after it."""
@@ -132,7 +138,7 @@ def encode_conversation(messages, encode, base_vocab_size):
             add([ids_of["<|output|>"], *encode(m["content"]), ids_of["<|/output|>"]], 0)
             continue
         target = 1 if m["role"] == "assistant" else 0
-        if i == 0 or messages[i - 1]["role"] != "tool":  # after a tool's output the turn goes on
+        if not continues_turn(messages, i):
             add([ids_of[f"<|{m['role']}|>"]], 0)
         add(encode(m.get("content") or ""), target)
         for call in m.get("tool_calls") or []:
@@ -146,6 +152,57 @@ def prompt_ids(messages, encode, base_vocab_size):
     """The tokens a model is given to write the next assistant turn: the history, then <|assistant|>."""
     ids, _ = encode_conversation(messages, encode, base_vocab_size)
     return ids + [turn_ids(base_vocab_size)["<|assistant|>"]]
+
+
+def calculator_call(expression):
+    """One tool call of an assistant message, in OpenAI's form."""
+    return {"type": "function", "function": {"name": TOOL, "arguments": json.dumps({"expression": expression})}}
+
+
+def reply_messages(tokens, decode, base_vocab_size):
+    """The messages of one generated assistant turn (its tokens after <|assistant|>, up to
+    a turn token): its text, its calls and their outputs as encode_conversation writes
+    them, ending with an assistant message. What is not well formed (a call never closed,
+    an output never given) is kept as far as it went: text as text, a call without an
+    output answered by an empty one."""
+    names = {i: name for name, i in special_ids(base_vocab_size, tools=True).items()}
+    messages, current, part, pending = [], {"role": "assistant", "content": ""}, [], 0  # pending: calls unanswered
+    for token in tokens:
+        name = names.get(token)
+        if name is None:
+            part.append(token)
+            continue
+        if name in ("<|call|>", "<|output|>") or (name == "<|/output|>" and not pending):
+            current["content"] += decode(part)  # before a call or an output (or one nobody asked for): text
+        elif name == "<|/call|>":
+            current.setdefault("tool_calls", []).append(calculator_call(decode(part)))
+            pending += 1
+        elif name == "<|/output|>":
+            if current.get("tool_calls"):
+                messages.append(current)
+                current = {"role": "assistant", "content": ""}
+            messages.append({"role": "tool", "content": decode(part)})
+            pending -= 1
+        else:  # a turn token: the turn is over
+            break
+        part = []
+    current["content"] += decode(part)
+    if current.get("tool_calls"):
+        messages.append(current)
+        current = {"role": "assistant", "content": ""}
+    return messages + [{"role": "tool", "content": ""}] * pending + [current]  # calls never answered: by nothing
+
+
+TOOL_MARKER = re.compile("(" + "|".join(re.escape(t) for t in TOOL_TOKENS) + ")")
+
+
+def marked_reply_messages(text, base_vocab_size):
+    """The messages of a reply given back as text with its tool tokens' markers (a client
+    sending the reply serve.py wrote, "<|call|>2*3<|/call|><|output|>6<|/output|>6"):
+    reply_messages over the text's pieces, the markers read as the tool tokens."""
+    ids = tool_ids(base_vocab_size)
+    pieces = [ids.get(piece, piece) for piece in TOOL_MARKER.split(text) if piece]
+    return reply_messages(pieces, "".join, base_vocab_size)
 
 
 def check_conversation(record):

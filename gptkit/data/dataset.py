@@ -30,7 +30,7 @@ from gptkit.ops.untrusted import inside, read_regular, regular_size
 
 FORMAT_VERSION = 1
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
-AUTO_PREPARED = ("shakespeare_char", "shakespeare", "arithmetic_chat")  # names prepare.py can build by itself
+AUTO_PREPARED = ("shakespeare_char", "shakespeare", "arithmetic_chat", "multiply_tools", "multiply_plain")  # built by name
 DOWNLOADED = ("openwebtext", "fineweb_edu")  # prepare.py downloads these (gigabytes): never on its own
 MAX_META_BYTES = 64 << 20  # meta.json: a character vocabulary and the list of sources
 FULL_SCAN_BYTES = 1 << 30  # bins up to 1 GiB are checked whole at start-up (~0.1 s per 100 MB)
@@ -149,7 +149,7 @@ def load_meta(data_dir, name, block_size=None):
 def check_mask_file(folder, split, n_tokens, name):
     """A chat split's target mask: one uint8 per token (gptkit/prepare/chat.py)."""
     path = folder / f"{split}_mask.bin"
-    again = "python prepare.py arithmetic_chat" if name == "arithmetic_chat" else f"python prepare.py {name} --input FILE --format chat"
+    again = f"python prepare.py {name}" if name in AUTO_PREPARED else f"python prepare.py {name} --input FILE --format chat"
     try:
         size = regular_size(inside(folder, path.name, "the dataset file"), path)
     except FileNotFoundError:

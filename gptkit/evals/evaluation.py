@@ -79,6 +79,7 @@ class Result:
     seconds: float | None = None
     hellaswag: dict | None = None
     exact_match: dict | None = None  # "single", "multi": (replies written exactly, replies)
+    answers: dict | None = None  # eval.py --answers: tools, exact, questions, rate (gptkit/evals/answers.py)
     tasks: dict | None = None  # the report card (gptkit/evals/report_card.py): "tasks", "summary"
     notes: list = field(default_factory=list)
 
@@ -93,6 +94,8 @@ class Result:
         if self.exact_match is not None:
             out["exact_match"] = {kind: {"exact": exact, "replies": total, "rate": exact / total if total else None}
                                   for kind, (exact, total) in self.exact_match.items()}
+        if self.answers is not None:
+            out["answers"] = self.answers
         if self.tasks is not None:
             from gptkit.evals.report_card import card_json
 

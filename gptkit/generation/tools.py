@@ -19,6 +19,8 @@ import math
 import operator
 import time
 
+from gptkit.ops.errors import UserError
+
 MAX_LENGTH = 200  # characters of an expression
 MAX_DEPTH = 30  # nested operations and parentheses
 MAX_LITERAL_DIGITS = 30  # digits of one number as written
@@ -105,3 +107,33 @@ def apply(op, a, b):
 def format_number(value):
     """An integer in full, a float as Python writes it shortest (0.1, 3.5, 1e-07)."""
     return str(value) if isinstance(value, int) else repr(value)
+
+
+def run_call(reply, tokenizer, special):
+    """The call a reply's tokens end with (its last token <|/call|>), run: {"expression",
+    "output", "ids"}, ids being the tokens forced into the reply: <|output|>, the output,
+    <|/output|>. The expression is the text after the reply's last <|call|> (all of the
+    reply after its last output if the model wrote no <|call|>: the calculator says why
+    that is no expression)."""
+    opening = [i for i, t in enumerate(reply[:-1]) if t in (special["<|call|>"], special["<|/output|>"])]
+    start = opening[-1] + 1 if opening else 0
+    expression = tokenizer.decode([t for t in reply[start:-1] if t < tokenizer.vocab_size])
+    output = calculate(expression)
+    return {"expression": expression, "output": output,
+            "ids": [special["<|output|>"], *encode_output(output, tokenizer), special["<|/output|>"]]}
+
+
+def encode_output(text, tokenizer):
+    """The output's tokens: a character-level vocabulary may lack some of an error's letters,
+    which are left out (the model reads what its vocabulary can say)."""
+    try:
+        return tokenizer.encode(text)
+    except UserError:  # characters outside a char vocabulary
+        return [t for ch in text for t in encodable(ch, tokenizer)]
+
+
+def encodable(ch, tokenizer):
+    try:
+        return tokenizer.encode(ch)
+    except UserError:
+        return []

@@ -2,11 +2,12 @@
 
     python prepare.py shakespeare_char      # Tiny Shakespeare (gptkit/prepare/build.py)
     python prepare.py arithmetic_chat       # conversations of sums (gptkit/prepare/arithmetic.py)
+    python prepare.py multiply_tools        # products answered with the calculator (the same file)
     python prepare.py fineweb_edu           # a web corpus's Parquet files (gptkit/prepare/corpora.py)
 """
 
 from gptkit.ops.errors import UserError
-from gptkit.prepare.build import DOWNLOADED_CORPORA, check_dataset_name, prepare_named_dataset
+from gptkit.prepare.build import DOWNLOADED_CORPORA, GENERATED_CHATS, check_dataset_name, prepare_named_dataset
 
 
 def prepare_named(name, out_dir="data", input_path=None, *, workers=None, progress=True, **amount):
@@ -20,8 +21,8 @@ def prepare_named(name, out_dir="data", input_path=None, *, workers=None, progre
     if amount:
         corpora = ", ".join(DOWNLOADED_CORPORA)
         raise UserError(f"--sample, --shards and --base_url go with a downloaded corpus ({corpora})")
-    if name == "arithmetic_chat":
-        from gptkit.prepare.arithmetic import prepare_arithmetic_chat
+    if name in GENERATED_CHATS:
+        from gptkit.prepare.arithmetic import prepare_generated
 
-        return prepare_arithmetic_chat(out_dir, input_path, progress=progress)
+        return prepare_generated(name, out_dir, input_path, progress=progress)
     return prepare_named_dataset(name, out_dir, input_path, workers=workers, progress=progress)

@@ -125,7 +125,7 @@ def serve(model, tokenizer, summary, cfg, device, model_name, sock):
                             cpu_decode=cfg.cpu_decode, dtype=cfg.dtype)
     path = prepare_for_generating(model, defaults, device)  # the weights' dtype, the CPU's parts
     path, max_batch = batch_size_that_runs(model, device, cfg.max_batch, path)
-    worker = Worker(model, tokenizer, device, cfg.queue_size, max_batch)
+    worker = Worker(model, tokenizer, device, cfg.queue_size, max_batch, tools=cfg.tools)
     host_names = allowed_host_names(cfg.host, parse_allowed_hosts(cfg.allowed_hosts))
     state = State(cfg, worker, tokenizer, model_name, chat, block, max_tokens, key, int(time.time()), host_names)
     app = build_app(state)

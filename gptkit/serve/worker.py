@@ -15,6 +15,8 @@ the batch before the next step when it is running: within one token's time.
 Each job's events come back through `emit(kind, value)`, called from this thread:
     ("start", {prompt_tokens, dropped_messages})       once, before its first token
     ("text", {index, text, logprobs})                   new text of choice `index`
+    ("tool", {index, expression, output})               choice `index` called the calculator (its
+                                                         output's markers and text follow as "text")
     ("done", {choices: [{finish_reason, completion_tokens}], completion_tokens})
     ("error", (status, message, code))                  instead of done
 """
@@ -32,7 +34,7 @@ import torch
 from gptkit.generation import chat_session
 
 from gptkit.ops import faults
-from gptkit.data.chat import chat_vocabulary
+from gptkit.data.chat import chat_vocabulary, marked_reply_messages
 from gptkit.ops.errors import UserError, first_line
 from gptkit.generation.generate import TextStream, end_of_text, turn_marker
 from gptkit.serve.batch import Batch, Row
@@ -73,8 +75,8 @@ CANCELLED = (503, "generation was cut: the server is shutting down or the client
 
 
 class Worker:
-    def __init__(self, model, tokenizer, device, capacity, max_batch=16):
-        self.model, self.tokenizer, self.device = model, tokenizer, device
+    def __init__(self, model, tokenizer, device, capacity, max_batch=16, tools="calculator"):
+        self.model, self.tokenizer, self.device, self.tools = model, tokenizer, device, tools
         self.capacity, self.max_batch = capacity, max_batch
         self.cond = threading.Condition()
         self.queue = collections.deque()  # jobs waiting for room in the batch
@@ -193,8 +195,9 @@ class Worker:
             session, text, kept = self._session(job.messages)
             ids, stops = chat_session.reply_prompt(session, text, job.settings.max_new_tokens)
             dropped = kept + 1 - len(session.history)
+            tools = session.ids if session.has_tool_tokens and self.tools != "none" else None
         else:
-            ids, stops, dropped = job.prompt, self.plain_stops, 0
+            ids, stops, dropped, tools = job.prompt, self.plain_stops, 0, None
         with self.cond:
             self.running.add(job)
         job.emit("start", {"prompt_tokens": len(ids), "dropped_messages": dropped})
@@ -202,7 +205,7 @@ class Worker:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(job.settings.seed + index)  # choice i: the reply seed + i gives alone
             row = Row(list(ids), job.settings, TextStream(self.tokenizer, job.settings.stop, stops), generator,
-                      self._on_token(job, index), job.top_logprobs)
+                      self._on_token(job, index), job.top_logprobs, tools=tools)
             job.rows.append(row)
             self.batch.add(row)
         if all(row.finished for row in job.rows):  # max_tokens 0: nothing to generate
@@ -215,6 +218,8 @@ class Worker:
                 logprob, top = logprobs
                 entries = [(self._text(token), logprob, [(self._text(t), p) for t, p in top])]
             text = row.stream.take_new()
+            if row.call is not None:  # before its text: the markers and output the call forced in
+                job.emit("tool", {"index": index, "expression": row.call["expression"], "output": row.call["output"]})
             if text or entries:
                 job.emit("text", {"index": index, "text": text, "logprobs": entries})
         return on_token
@@ -247,4 +252,7 @@ class Worker:
         system = messages[0]["content"] if messages[0]["role"] == "system" else None
         history = [dict(m) for m in messages[1 if system is not None else 0 : -1]]
         session = chat_session.Session(self.model, self.tokenizer, system or None, history)
-        return session, messages[-1]["content"], len(history)
+        if session.has_tool_tokens:  # an earlier reply's calls, sent back as their markers' text, as tokens again
+            session.history = [r for m in history for r in (
+                marked_reply_messages(m["content"], self.tokenizer.vocab_size) if m["role"] == "assistant" else [m])]
+        return session, messages[-1]["content"], len(session.history)
