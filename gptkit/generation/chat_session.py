@@ -138,13 +138,14 @@ def tool_reply(session, ids, stops, cfg, device, on_text=None, decoder=None, inf
     decoder = decoder if decoder is not None else make_decoder(model, cfg, batch_size=1)
     tokens, new, calls = list(ids), [], []  # new: the reply's tokens, forced ones too
     written = 0  # tokens the model wrote, at most cfg.max_new_tokens
+    pause = [special["<|/call|>"]] if session.tools != "none" else []  # where generation stops for the tool
     while written < cfg.max_new_tokens:
         last = None
         steps = generate_stream(model, torch.tensor([tokens], device=device), cfg.max_new_tokens - written,
                                 temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p,
                                 repetition_penalty=cfg.repetition_penalty, generator=generator,
                                 use_cache=cfg.use_cache, shift_context=cfg.shift_context, decoder=decoder,
-                                stop_tokens=[*stops, special["<|/call|>"]])
+                                stop_tokens=[*stops, *pause])
         with torch.no_grad():
             try:
                 for step in steps:
@@ -155,11 +156,11 @@ def tool_reply(session, ids, stops, cfg, device, on_text=None, decoder=None, inf
                     stream.push(last)
                     if on_text is not None:
                         on_text(stream.take_new())
-                    if stream.stopped or last == special["<|/call|>"]:
+                    if stream.stopped or last in pause:
                         break
             finally:
                 steps.close()
-        if last != special["<|/call|>"] or stream.stopped or session.tools == "none":
+        if last not in pause or stream.stopped:
             break
         call = tools.run_call(new, tokenizer, special)
         calls.append(call)

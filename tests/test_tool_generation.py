@@ -1,0 +1,133 @@
+"""A model that calls the calculator mid-reply: trained here on replies that call it with
+"12*34", then go on with "ok" after its output. sample.py --chat's loop
+(gptkit/generation/chat_session.py) and serve.py's batch rows (gptkit/serve/batch.py)
+run the call and force its output in; a row's call never changes another row's reply."""
+
+import dataclasses
+import json
+import random
+
+import pytest
+import torch
+from test_serve_batch import BASE, alone, collect, texts
+from train_helpers import tiny_args
+
+import train
+from gptkit.data.chat import marked_reply_messages, prompt_ids, special_ids
+from gptkit.generation import chat_session
+from gptkit.models.loading import load_model
+from gptkit.prepare.chat import prepare_chat
+from gptkit.serve.worker import Job, Worker
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz "
+CALLED = "<|call|>12*34<|/call|><|output|>408<|/output|>ok"  # the reply as its text shows it
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(model, tokenizer) trained on noisy questions each answered by the same calculator call."""
+    tmp = tmp_path_factory.mktemp("tools")
+    r = random.Random(0)
+    call = {"type": "function", "function": {"name": "calculator", "arguments": json.dumps({"expression": "12*34"})}}
+    lines = []
+    for _ in range(200):
+        noise = "".join(r.choice(LETTERS) for _ in range(r.randint(5, 15)))
+        lines.append(json.dumps({"messages": [
+            {"role": "user", "content": noise}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "408"}, {"role": "assistant", "content": "ok"}]}))
+    (tmp / "calls.jsonl").write_text("\n".join(lines) + "\n")
+    prepare_chat([tmp / "calls.jsonl"], "char", "calls", tmp / "data", progress=False)
+    out = tmp / "out"
+    args = tiny_args(tmp / "data", out, dataset="calls", block_size=40, batch_size=8, dropout=0.0, n_embd=48,
+                     learning_rate=1e-2, min_lr=3e-4, max_iters=80, lr_decay_iters=80, eval_interval=80, eval_iters=0,
+                     log_interval=80)
+    assert train.main(args) == 0
+    model, tokenizer, _ = load_model(out_dir=str(out))
+    return model.eval(), tokenizer
+
+
+def test_a_reply_calls_the_calculator_and_goes_on_after_its_output(trained):
+    model, tokenizer = trained
+    session = chat_session.Session(model, tokenizer)
+    info = {}
+    shown = []
+    answer = chat_session.reply(session, "qwerty zx", dataclasses.replace(BASE, max_new_tokens=30), CPU,
+                                on_text=shown.append, info=info)
+    assert answer == CALLED and "".join(shown) == CALLED  # streamed through the call
+    assert info["calls"] == [{"expression": "12*34", "output": "408"}] and info["stopped"]
+    assert info["new_tokens"] == len(tokenizer.encode("12*34")) + 2 + len(tokenizer.encode("ok")) + 1  # the model's only
+    user, call, output, going_on = session.history
+    assert call["tool_calls"][0]["function"]["arguments"] == json.dumps({"expression": "12*34"})
+    assert (output, going_on) == ({"role": "tool", "content": "408"}, {"role": "assistant", "content": "ok"})
+    # the history's tokens are the ones generated: the next prompt holds the reply as it was written
+    special = special_ids(tokenizer.vocab_size, tools=True)
+    reply_ids = [special["<|call|>"], *tokenizer.encode("12*34"), special["<|/call|>"], special["<|output|>"],
+                 *tokenizer.encode("408"), special["<|/output|>"], *tokenizer.encode("ok"), special["<|end|>"]]
+    asked = prompt_ids([user], tokenizer.encode, tokenizer.vocab_size)
+    assert prompt_ids(session.history, tokenizer.encode, tokenizer.vocab_size)[:-1] == asked + reply_ids
+    assert marked_reply_messages(answer, tokenizer.vocab_size) == [call, output, going_on]  # the API's text, read back
+
+
+def test_tools_none_leaves_the_model_to_write_on_alone(trained):
+    model, tokenizer = trained
+    session = chat_session.Session(model, tokenizer, tools="none")
+    info = {}
+    answer = chat_session.reply(session, "qwerty zx", dataclasses.replace(BASE, max_new_tokens=30), CPU, info=info)
+    assert info["calls"] == [] and answer.startswith("<|call|>12*34<|/call|>") and "<|output|>408" not in answer
+    assert info["new_tokens"] > len(tokenizer.encode("12*34")) + 2  # it wrote on after the call
+
+
+def test_a_call_in_one_row_never_changes_another_rows_reply(trained):
+    """Tool rows (greedy and sampled) among plain continuations and chat rows whose sampled
+    replies may not call: each reply, batched, equals its reply alone."""
+    model, tokenizer = trained
+    worker = Worker(model, tokenizer, CPU, capacity=32, max_batch=16)
+    r = random.Random(1)
+    jobs = []
+    for i in range(10):
+        noise = "".join(r.choice(LETTERS) for _ in range(r.randint(3, 20)))
+        settings = dataclasses.replace(BASE, max_new_tokens=[30, 12, 40][i % 3], seed=50 + i,
+                                       temperature=[0.0, 1.0, 2.0][i % 3], top_k=[None, 4][i % 2])
+        if i % 4 == 3:
+            jobs.append(Job(settings, None, prompt=tokenizer.encode(noise)))
+        else:
+            jobs.append(Job(settings, None, messages=[{"role": "user", "content": noise}]))
+    gathered = [collect(job) for job in jobs]
+    worker.start()
+    try:
+        for job in jobs:
+            worker.submit(job)
+        for _, ended in gathered:
+            assert ended.wait(60)
+    finally:
+        worker.stop()
+        worker.join(10)
+    called = 0
+    for job, (events, _) in zip(jobs, gathered):
+        assert events[-1][0] == "done", events[-1]
+        reply = texts(events)[0]
+        assert reply == alone(model, tokenizer, job, worker), job
+        tools = [value for kind, value in events if kind == "tool"]
+        assert len(tools) == reply.count("<|/call|>")
+        called += len(tools)
+        if job.messages is not None and job.settings.temperature == 0:
+            assert reply == CALLED and tools == [{"index": 0, "expression": "12*34", "output": "408"}]
+    assert called >= 4
+
+
+def test_serve_tools_none_forces_nothing(trained):
+    model, tokenizer = trained
+    worker = Worker(model, tokenizer, CPU, capacity=4, max_batch=4, tools="none")
+    job = Job(dataclasses.replace(BASE, max_new_tokens=30), None, messages=[{"role": "user", "content": "qwerty zx"}])
+    events, ended = collect(job)
+    worker.start()
+    try:
+        worker.submit(job)
+        assert ended.wait(60)
+    finally:
+        worker.stop()
+        worker.join(10)
+    session = chat_session.Session(model, tokenizer, tools="none")
+    expected = chat_session.reply(session, "qwerty zx", job.settings, CPU)
+    assert texts(events)[0] == expected and not [e for e in events if e[0] == "tool"]
