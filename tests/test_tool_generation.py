@@ -9,6 +9,8 @@ import random
 
 import pytest
 import torch
+from serve_helpers import Server, post
+from test_serve import post_stream
 from test_serve_batch import BASE, alone, collect, texts
 from train_helpers import tiny_args
 
@@ -25,8 +27,8 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """(model, tokenizer) trained on noisy questions each answered by the same calculator call."""
+def run(tmp_path_factory):
+    """The out_dir of a model trained on noisy questions each answered by the same calculator call."""
     tmp = tmp_path_factory.mktemp("tools")
     r = random.Random(0)
     call = {"type": "function", "function": {"name": "calculator", "arguments": json.dumps({"expression": "12*34"})}}
@@ -39,11 +41,16 @@ def trained(tmp_path_factory):
     (tmp / "calls.jsonl").write_text("\n".join(lines) + "\n")
     prepare_chat([tmp / "calls.jsonl"], "char", "calls", tmp / "data", progress=False)
     out = tmp / "out"
-    args = tiny_args(tmp / "data", out, dataset="calls", block_size=40, batch_size=8, dropout=0.0, n_embd=48,
+    args = tiny_args(tmp / "data", out, dataset="calls", block_size=64, batch_size=8, dropout=0.0, n_embd=48,
                      learning_rate=1e-2, min_lr=3e-4, max_iters=80, lr_decay_iters=80, eval_interval=80, eval_iters=0,
                      log_interval=80)
     assert train.main(args) == 0
-    model, tokenizer, _ = load_model(out_dir=str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(run):
+    model, tokenizer, _ = load_model(out_dir=str(run))
     return model.eval(), tokenizer
 
 
@@ -131,3 +138,74 @@ def test_serve_tools_none_forces_nothing(trained):
     session = chat_session.Session(model, tokenizer, tools="none")
     expected = chat_session.reply(session, "qwerty zx", job.settings, CPU)
     assert texts(events)[0] == expected and not [e for e in events if e[0] == "tool"]
+
+
+@pytest.fixture(scope="module")
+def server(run):
+    s = Server(f"--out_dir={run}")
+    yield s
+    s.stop()
+
+
+def test_the_api_returns_the_text_and_the_calls_streamed_or_not(server, trained):
+    model, tokenizer = trained
+    body = {"messages": [{"role": "user", "content": "qwerty zx"}], "temperature": 0, "max_tokens": 30}
+    status, reply = post(server.url + "/v1/chat/completions", body)
+    assert status == 200, reply
+    assert reply["choices"][0]["message"]["content"] == CALLED
+    assert reply["gptkit"]["tool_calls"] == [[{"expression": "12*34", "output": "408"}]]
+    events = []
+    for line in post_stream(server.url + "/v1/chat/completions", {**body, "stream": True}):
+        line = line.decode().strip()
+        if line.startswith("data: ") and line != "data: [DONE]":
+            events.append(json.loads(line[6:]))
+    pieces = [e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]]
+    at = next(i for i, e in enumerate(events) if "tool_call" in e.get("gptkit", {}))
+    assert events[at]["gptkit"]["tool_call"] == {"expression": "12*34", "output": "408"}
+    assert "".join(pieces) == CALLED and "".join(pieces[:at]) == "<|call|>12*34"  # the call ran, then its output
+    assert "".join(pieces[at:]).startswith("<|/call|><|output|>408<|/output|>")
+    # the reply sent back as history is read as the tokens it was: the next turn's prompt holds them
+    session = chat_session.Session(model, tokenizer)
+    chat_session.reply(session, "qwerty zx", dataclasses.replace(BASE, max_new_tokens=30), CPU)
+    second = {**body, "messages": body["messages"] + [{"role": "assistant", "content": CALLED},
+                                                      {"role": "user", "content": "asdf"}]}
+    status, again = post(server.url + "/v1/chat/completions", second)
+    assert status == 200, again
+    expected = chat_session.reply(session, "asdf", dataclasses.replace(BASE, max_new_tokens=30), CPU)
+    assert again["choices"][0]["message"]["content"] == expected
+    assert len(session.history) == 8  # nothing dropped: the first reply's tokens are in the second prompt
+    assert again["usage"]["prompt_tokens"] == len(prompt_ids(session.history[:-3], tokenizer.encode, tokenizer.vocab_size))
+
+
+def test_the_page_shows_the_call_and_its_output_apart_from_the_text(server):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (requirements-test.txt)")
+    from test_serve_browser import BROWSERS, DRIVERS, find
+
+    binary, driver = find(BROWSERS), find(DRIVERS)
+    if binary is None or driver is None:
+        pytest.skip("no Chromium and chromedriver on PATH")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=Service(driver), options=options)
+    try:
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 30, poll_frequency=0.05)
+        wait.until(lambda b: server.name in b.find_element(By.ID, "status").text)
+        browser.execute_script("document.querySelector('details').open = true")
+        browser.find_element(By.ID, "temperature").clear()
+        browser.find_element(By.ID, "temperature").send_keys("0")
+        browser.find_element(By.ID, "input").send_keys("qwerty zx", Keys.ENTER)
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, ".assistant[data-done]"))
+        reply = browser.find_elements(By.CSS_SELECTOR, ".assistant")[-1]
+        assert [e.text for e in reply.find_elements(By.CSS_SELECTOR, ".call")] == ["calculator: 12*34"]
+        assert [e.text for e in reply.find_elements(By.CSS_SELECTOR, ".output")] == ["= 408"]
+        assert reply.text.endswith("ok") and "<|" not in reply.text
+    finally:
+        browser.quit()
