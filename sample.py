@@ -170,7 +170,8 @@ class SampleConfig:
         if self.system is not None and not self.chat:
             raise ValueError("system goes with chat=true")
         if self.tools not in chat_session.TOOL_CHOICES:
-            raise ValueError(f"tools={self.tools!r} must be one of {', '.join(chat_session.TOOL_CHOICES)}")
+            choices = ", ".join(chat_session.TOOL_CHOICES)
+            raise ValueError(f"tools={self.tools!r} must be one of {choices}")
 
 
 def unescape(text):
