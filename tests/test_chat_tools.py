@@ -109,3 +109,27 @@ def test_a_dataset_with_calls_has_the_tool_tokens_and_one_without_has_not(tmp_pa
     base = tools["vocab_size"] - 8
     assert tools["chat"]["tool_ids"] == tool_ids(base) and "*" in tools["tokenizer"]["chars"]  # the call's text too
     assert "tool_ids" not in plain_meta["chat"] and plain_meta["vocab_size"] == len(plain_meta["tokenizer"]["chars"]) + 4
+
+
+def test_a_chat_model_without_tool_tokens_grows_by_them_to_learn_calls(tmp_path):
+    import train
+    from gptkit.ops.checkpoint import load_checkpoint
+    from train_helpers import tiny_args
+
+    plain = [{"role": "user", "content": "what is 12*34?"}, {"role": "assistant", "content": "so it is 408"},
+             {"role": "user", "content": "and 2+2?"}, {"role": "assistant", "content": "4"}]
+    for name, conversations in (("plain", [plain] * 10), ("tools", [tool_conversation()] * 10)):
+        path = tmp_path / f"{name}.jsonl"  # the same characters in both: the same tokenizer
+        path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+        from gptkit.prepare.chat import prepare_chat
+
+        prepare_chat([path], "char", name, tmp_path / "data", progress=False)
+    settings = dict(block_size=64, max_iters=2, eval_iters=0, dropout=0.0)
+    assert train.main(tiny_args(tmp_path / "data", tmp_path / "a", dataset="plain", **settings)) == 0
+    before = load_checkpoint(tmp_path / "a" / "ckpt.pt")
+    base = before["model_config"]["vocab_size"] - 4
+    assert train.main(tiny_args(tmp_path / "data", tmp_path / "b", dataset="tools", init_from=str(tmp_path / "a"),
+                                **settings)) == 0
+    after = load_checkpoint(tmp_path / "b" / "ckpt.pt")
+    assert after["model_config"]["vocab_size"] == base + 8
+    assert chat_vocabulary(after["model_config"]["vocab_size"], base) == special_ids(base, tools=True)

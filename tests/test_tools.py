@@ -59,3 +59,22 @@ def test_every_integer_on_the_way_stays_within_the_result_bound(monkeypatch):
 def test_the_time_limit_covers_the_whole_walk(monkeypatch):
     monkeypatch.setattr(tools, "TIME_LIMIT", -1.0)  # as if the walk had already run out of time
     assert calculate("1+1") == "error: took too long"
+
+
+def test_a_closed_call_is_run_into_the_tokens_forced_into_the_reply():
+    from gptkit.data.chat import special_ids
+    from gptkit.data.tokenizer import CharTokenizer
+
+    tokenizer = CharTokenizer(sorted(set("".join(e for e, _ in HOSTILE) + "0123456789 ")))
+    special = special_ids(tokenizer.vocab_size, tools=True)
+    for expression, _ in HOSTILE + [("1234*5678", None)]:
+        reply = [*tokenizer.encode("x"), special["<|call|>"], *tokenizer.encode(expression), special["<|/call|>"]]
+        start = time.perf_counter()
+        call = tools.run_call(reply, tokenizer, special)
+        assert time.perf_counter() - start < 0.1
+        assert call["expression"] == expression and call["output"] == calculate(expression)
+        forced = call["ids"][1:-1]
+        assert call["ids"][0] == special["<|output|>"] and call["ids"][-1] == special["<|/output|>"]
+        # the output as far as this character vocabulary can write it (an error's letters it lacks left out)
+        assert tokenizer.decode(forced) == "".join(ch for ch in call["output"] if ch in tokenizer.chars)
+    assert tools.run_call([special["<|/call|>"]], tokenizer, special)["output"].startswith("error: ")  # no <|call|>
