@@ -133,3 +133,27 @@ def test_a_chat_model_without_tool_tokens_grows_by_them_to_learn_calls(tmp_path)
     after = load_checkpoint(tmp_path / "b" / "ckpt.pt")
     assert after["model_config"]["vocab_size"] == base + 8
     assert chat_vocabulary(after["model_config"]["vocab_size"], base) == special_ids(base, tools=True)
+
+
+def test_a_generated_reply_reads_back_as_the_messages_that_encode_to_its_tokens():
+    from gptkit.data.chat import calculator_call, marked_reply_messages
+
+    def assistant(content, *expressions):
+        return {"role": "assistant", "content": content,
+                **({"tool_calls": [calculator_call(e) for e in expressions]} if expressions else {})}
+
+    def tool(content):
+        return {"role": "tool", "content": content}
+
+    two_calls = "a<|call|>1+1<|/call|><|output|>2<|/output|>b<|call|>3<|/call|><|output|>3<|/output|>c"
+    messages = marked_reply_messages(two_calls, BASE)
+    assert messages == [assistant("a", "1+1"), tool("2"), assistant("b", "3"), tool("3"), assistant("c")]
+    ids, _ = encode_conversation([{"role": "user", "content": "x"}] + messages, CHARS.encode, BASE)
+    s = special_ids(BASE, tools=True)
+    marker = {v: k for k, v in s.items()}
+    assert "".join(marker.get(i) or CHARS.decode([i]) for i in ids) == "<|user|>x<|end|><|assistant|>" + two_calls + "<|end|>"
+    # what is not well formed is kept as far as it went
+    assert marked_reply_messages("a<|call|>1+", BASE) == [assistant("a1+")]  # a call never closed: text
+    assert marked_reply_messages("<|call|>1<|/call|>", BASE) == [assistant("", "1"), tool(""), assistant("")]
+    assert marked_reply_messages("<|output|>5<|/output|>x", BASE) == [assistant("5x")]  # an output nobody asked for
+    assert marked_reply_messages("plain <|end|> text", BASE) == [assistant("plain <|end|> text")]  # not a tool marker

@@ -131,52 +131,52 @@ def tool_reply(session, ids, stops, cfg, device, on_text=None, decoder=None, inf
     shows the tool tokens as their markers; the messages are the reply in the messages
     form (gptkit/data/chat.py's reply_messages). A dict `info` gets "new_tokens" (those
     the model wrote), "stopped" and "calls" ([{"expression", "output"}])."""
-    model, tokenizer, special = session.model, session.tokenizer, session.ids
+    tokenizer, special = session.tokenizer, session.ids
     generator = torch.Generator(device=device)
     generator.manual_seed(cfg.seed)
     stream = TextStream(tokenizer, cfg.stop, stops)
-    decoder = decoder if decoder is not None else make_decoder(model, cfg, batch_size=1)
-    tokens, new, calls = list(ids), [], []  # new: the reply's tokens, forced ones too
-    written = 0  # tokens the model wrote, at most cfg.max_new_tokens
+    decoder = decoder if decoder is not None else make_decoder(session.model, cfg, batch_size=1)
     pause = [special["<|/call|>"]] if session.tools != "none" else []  # where generation stops for the tool
+    show = on_text or (lambda text: None)
+    tokens, calls, written = list(ids), [], 0  # written: the model's tokens, at most cfg.max_new_tokens
     while written < cfg.max_new_tokens:
-        last = None
-        steps = generate_stream(model, torch.tensor([tokens], device=device), cfg.max_new_tokens - written,
-                                temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p,
-                                repetition_penalty=cfg.repetition_penalty, generator=generator,
-                                use_cache=cfg.use_cache, shift_context=cfg.shift_context, decoder=decoder,
-                                stop_tokens=[*stops, *pause])
-        with torch.no_grad():
-            try:
-                for step in steps:
-                    last = int(step[0])
-                    tokens.append(last)
-                    new.append(last)
-                    written += 1
-                    stream.push(last)
-                    if on_text is not None:
-                        on_text(stream.take_new())
-                    if stream.stopped or last in pause:
-                        break
-            finally:
-                steps.close()
-        if last not in pause or stream.stopped:
+        new = generate_until(session.model, tokens, cfg, device, generator, decoder, [*stops, *pause], stream, show,
+                             cfg.max_new_tokens - written)
+        written += len(new)
+        if not new or new[-1] not in pause or stream.stopped:
             break
-        call = tools.run_call(new, tokenizer, special)
-        calls.append(call)
+        call = tools.run_call(tokens[len(ids):], tokenizer, special)  # the output, forced in
+        calls.append({"expression": call["expression"], "output": call["output"]})
         tokens += call["ids"]
-        new += call["ids"]
         for token in call["ids"]:
             stream.push(token)
-        if on_text is not None:
-            on_text(stream.take_new())
+        show(stream.take_new())
     stream.close()
-    if on_text is not None:
-        on_text(stream.take_new())
+    show(stream.take_new())
     if info is not None:
-        info.update(new_tokens=written, stopped=stream.stopped,
-                    calls=[{"expression": c["expression"], "output": c["output"]} for c in calls])
-    return stream.text, reply_messages(new, tokenizer.decode, tokenizer.vocab_size)
+        info.update(new_tokens=written, stopped=stream.stopped, calls=calls)
+    return stream.text, reply_messages(tokens[len(ids):], tokenizer.decode, tokenizer.vocab_size)
+
+
+def generate_until(model, tokens, cfg, device, generator, decoder, stops, stream, show, budget):
+    """The tokens the model writes after `tokens` (appended to it and pushed into `stream`,
+    its new text shown) until one of `stops`, the stream's stop string or `budget` tokens."""
+    steps = generate_stream(model, torch.tensor([tokens], device=device), budget, temperature=cfg.temperature,
+                            top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p,
+                            repetition_penalty=cfg.repetition_penalty, generator=generator, use_cache=cfg.use_cache,
+                            shift_context=cfg.shift_context, decoder=decoder, stop_tokens=stops)
+    new = []
+    try:
+        for step in steps:
+            new.append(int(step[0]))
+            stream.push(new[-1])
+            show(stream.take_new())
+            if stream.stopped or new[-1] in stops:
+                break
+    finally:
+        steps.close()
+    tokens += new
+    return new
 
 
 def read_line(lines, number):
