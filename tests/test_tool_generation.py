@@ -173,7 +173,14 @@ def test_the_api_returns_the_text_and_the_calls_streamed_or_not(server, trained)
     assert status == 200, again
     expected = chat_session.reply(session, "asdf", dataclasses.replace(BASE, max_new_tokens=30), CPU)
     assert again["choices"][0]["message"]["content"] == expected
-    assert len(session.history) == 8  # nothing dropped: the first reply's tokens are in the second prompt
+    assert len(session.history) == 8 and again["gptkit"]["dropped_messages"] == 0  # the first reply's tokens are in
+    # a third turn leaves no room for the first exchange: the two messages the client sent for it are dropped
+    third = {**body, "messages": second["messages"] + [{"role": "assistant", "content": expected},
+                                                       {"role": "user", "content": "qwerty zx"}]}
+    status, later = post(server.url + "/v1/chat/completions", third)
+    assert status == 200 and later["gptkit"]["dropped_messages"] == 2, later
+    assert later["choices"][0]["message"]["content"] == chat_session.reply(
+        session, "qwerty zx", dataclasses.replace(BASE, max_new_tokens=30), CPU)
     assert again["usage"]["prompt_tokens"] == len(prompt_ids(session.history[:-3], tokenizer.encode, tokenizer.vocab_size))
 
 

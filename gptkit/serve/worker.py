@@ -192,9 +192,10 @@ class Worker:
     def _start(self, job):
         """The job's prompt and its rows, which join the batch at the next step."""
         if job.messages is not None:
-            session, text, kept = self._session(job.messages)
+            session, text, sent = self._session(job.messages)
             ids, stops = chat_session.reply_prompt(session, text, job.settings.max_new_tokens)
-            dropped = kept + 1 - len(session.history)
+            kept = len(session.history) - 1  # the history's messages left after dropping, the new one aside
+            dropped = sent[len(sent) - kept] if kept else len(set(sent))  # the request's messages left out
             tools = session.ids if session.has_tool_tokens and self.tools != "none" else None
         else:
             ids, stops, dropped, tools = job.prompt, self.plain_stops, 0, None
@@ -248,11 +249,17 @@ class Worker:
                                        "completion_tokens": sum(c["completion_tokens"] for c in choices)})
 
     def _session(self, messages):
-        """A chat_session.Session holding the conversation before its last (user) message."""
+        """A chat_session.Session holding the conversation before its last (user) message, that
+        message, and for each message of the session's history the index of the request's
+        message it came from (an earlier reply with tool calls sent back as its markers' text
+        is several messages again, as the tokens it was)."""
         system = messages[0]["content"] if messages[0]["role"] == "system" else None
         history = [dict(m) for m in messages[1 if system is not None else 0 : -1]]
         session = chat_session.Session(self.model, self.tokenizer, system or None, history)
-        if session.has_tool_tokens:  # an earlier reply's calls, sent back as their markers' text, as tokens again
-            session.history = [r for m in history for r in (
-                marked_reply_messages(m["content"], self.tokenizer.vocab_size) if m["role"] == "assistant" else [m])]
-        return session, messages[-1]["content"], len(session.history)
+        sent = list(range(len(history)))
+        if session.has_tool_tokens:
+            expanded = [marked_reply_messages(m["content"], self.tokenizer.vocab_size) if m["role"] == "assistant"
+                        else [m] for m in history]
+            session.history = [r for parts in expanded for r in parts]
+            sent = [i for i, parts in enumerate(expanded) for _ in parts]
+        return session, messages[-1]["content"], sent
