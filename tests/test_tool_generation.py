@@ -216,3 +216,19 @@ def test_the_page_shows_the_call_and_its_output_apart_from_the_text(server):
         assert reply.text.endswith("ok") and "<|" not in reply.text
     finally:
         browser.quit()
+
+
+def test_eval_gsm8k_on_a_model_with_tool_tokens_runs_its_calls(run, tmp_path, capsys):
+    """eval.py --tasks gsm8k asks a chat model with the tool tokens through sample.py --chat's
+    loop: the calculator's 408 is in the reply, and its last number is the answer."""
+    import eval as eval_script
+
+    rows = [{"question": "qwerty zx", "answer": "12*34 = <<12*34=408>>408\n#### 408"},
+            {"question": "asdf", "answer": "#### 7"}]
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capsys.readouterr()
+    assert eval_script.main([str(run), "--tasks", "gsm8k", "--task_file", f"gsm8k={path}", "--json=-",
+                             "--no_progress"]) == 0
+    (line,) = json.loads(capsys.readouterr().out)["models"][0]["tasks"]["tasks"]
+    assert line["form"] == "chat" and line["items"] == 2 and line["acc"] == 0.5  # 408 right, 7 not

@@ -105,7 +105,11 @@ def apply(op, a, b):
 
 
 def format_number(value):
-    """An integer in full, a float as Python writes it shortest (0.1, 3.5, 1e-07)."""
+    """An integer in full, a float as Python writes it shortest (0.1, 3.5, 1e-07), and a
+    whole float of up to 15 digits as the integer it is (48/2 is "24", as a person writes
+    it and GSM8K's annotations give it)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
     return str(value) if isinstance(value, int) else repr(value)
 
 

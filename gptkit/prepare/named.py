@@ -3,6 +3,7 @@
     python prepare.py shakespeare_char      # Tiny Shakespeare (gptkit/prepare/build.py)
     python prepare.py arithmetic_chat       # conversations of sums (gptkit/prepare/arithmetic.py)
     python prepare.py multiply_tools        # products answered with the calculator (the same file)
+    python prepare.py gsm8k_chat            # GSM8K's worked answers, their annotations as calculator calls
     python prepare.py fineweb_edu           # a web corpus's Parquet files (gptkit/prepare/corpora.py)
 """
 
@@ -21,6 +22,10 @@ def prepare_named(name, out_dir="data", input_path=None, *, workers=None, progre
     if amount:
         corpora = ", ".join(DOWNLOADED_CORPORA)
         raise UserError(f"--sample, --shards and --base_url go with a downloaded corpus ({corpora})")
+    if name == "gsm8k_chat":
+        from gptkit.prepare.gsm8k import prepare_gsm8k_chat
+
+        return prepare_gsm8k_chat(out_dir, input_path, progress=progress)
     if name in GENERATED_CHATS:
         from gptkit.prepare.arithmetic import prepare_generated
 
