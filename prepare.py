@@ -38,7 +38,9 @@ examples:
       (with data/books/tokenizer.json); --tokenizer_from data/books reuses it for other text
   python prepare.py talks --input talks.jsonl --format chat [--tokenizer char|gpt2|bpe] [--block_size N]
       conversations, one {"messages": [...]} a line (or a folder of such files) -> data/talks
-      with a target mask per split (docs/chat.md); python prepare.py arithmetic_chat makes some
+      with a target mask per split (docs/chat.md); python prepare.py arithmetic_chat makes some,
+      multiply_tools and multiply_plain products with and without calculator calls, gsm8k_chat
+      GSM8K's worked answers with their annotations as calculator calls (downloaded, or --input FILE)
   python prepare.py openwebtext
       OpenWebText (~9B tokens) as nanoGPT trains GPT-2 on: its Parquet files downloaded from the
       Hugging Face Hub into data/openwebtext/download, checked, tokenized with GPT-2 BPE
