@@ -17,7 +17,8 @@ from gptkit.ops.errors import quiet_start
 
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 from gptkit.ops.errors import ArgumentParser, UserError, run_main
-from gptkit.prepare.build import DOWNLOADED_CORPORA, NAMED_DATASETS, check_dataset_name, prepare_dataset
+from gptkit.prepare.build import (CONVERSATION_SETS, DOWNLOADED_CORPORA, NAMED_DATASETS, check_dataset_name,
+                                  prepare_dataset)
 from gptkit.prepare.named import prepare_named
 from gptkit.prepare.shakespeare import SHAKESPEARE_URL
 
@@ -155,8 +156,9 @@ def main(argv=None):
         raise UserError(f"--format must be text or chat, got {args.format!r}")
     if args.format == "chat":
         return prepare_chat_command(args, progress)
-    if args.block_size is not None:
-        raise UserError("--block_size goes with --format chat (a text dataset is cut into windows by train.py)")
+    if args.block_size is not None and args.dataset not in CONVERSATION_SETS:
+        raise UserError("--block_size goes with --format chat or a conversation set (a text dataset is cut into "
+                        "windows by train.py)")
     if args.dataset is not None:
         check_dataset_name(args.dataset)
         own = (args.tokenizer, args.name, args.val_fraction, args.vocab_size, args.tokenizer_from, args.text_column)
@@ -166,7 +168,12 @@ def main(argv=None):
                 "--vocab_size, --tokenizer_from and --text_column go with --input for your own data"
             )
         amount = {k: v for k in ("sample", "shards", "base_url") if (v := getattr(args, k)) is not None}
-        if args.dataset in DOWNLOADED_CORPORA:
+        if args.dataset in CONVERSATION_SETS:
+            if args.input is not None or args.errors != "strict" or "sample" in amount:
+                raise UserError(f"{args.dataset} is downloaded whole (--shards N: its first N files; --block_size N: "
+                                "conversations that fit; the ones that do not are left out and counted)")
+            amount = {"shards": amount.get("shards"), "base": amount.get("base_url"), "block_size": args.block_size}
+        elif args.dataset in DOWNLOADED_CORPORA:
             if args.errors != "strict":
                 raise UserError(f"{args.dataset} is published as valid UTF-8: --errors goes with --input")
             if args.input is not None:

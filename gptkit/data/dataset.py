@@ -31,7 +31,7 @@ from gptkit.ops.untrusted import inside, read_regular, regular_size
 FORMAT_VERSION = 1
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 AUTO_PREPARED = ("shakespeare_char", "shakespeare", "arithmetic_chat", "multiply_tools", "multiply_plain")  # built by name
-DOWNLOADED = ("openwebtext", "fineweb_edu", "gsm8k_chat")  # prepare.py downloads these: never train.py on its own
+DOWNLOADED = ("openwebtext", "fineweb_edu", "gsm8k_chat", "no_robots", "smoltalk")  # never train.py on its own
 MAX_META_BYTES = 64 << 20  # meta.json: a character vocabulary and the list of sources
 FULL_SCAN_BYTES = 1 << 30  # bins up to 1 GiB are checked whole at start-up (~0.1 s per 100 MB)
 
