@@ -42,6 +42,9 @@ examples:
       with a target mask per split (docs/chat.md); python prepare.py arithmetic_chat makes some,
       multiply_tools and multiply_plain products with and without calculator calls, gsm8k_chat
       GSM8K's worked answers with their annotations as calculator calls (downloaded, or --input FILE)
+  python prepare.py no_robots [--block_size N] [--shards N]
+      a public conversation set (no_robots, smoltalk) by name: its Parquet files downloaded as the
+      corpora's are, its messages prepared as chat data with GPT-2 BPE -> data/no_robots
   python prepare.py openwebtext
       OpenWebText (~9B tokens) as nanoGPT trains GPT-2 on: its Parquet files downloaded from the
       Hugging Face Hub into data/openwebtext/download, checked, tokenized with GPT-2 BPE
