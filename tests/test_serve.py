@@ -67,6 +67,19 @@ def test_openai_client_chat_plain_and_streamed_agree(server):
     assert finish == plain.choices[0].finish_reason and usage.total_tokens == plain.usage.total_tokens
 
 
+def test_a_developer_message_is_the_system_message(server):
+    """Newer OpenAI clients send the system prompt as role "developer": the same reply as "system"."""
+    def reply(role):
+        messages = [{"role": role, "content": "be brief."}, {"role": "user", "content": "hello there"}]
+        status, body = post(server.url + "/v1/chat/completions",
+                            {"messages": messages, "temperature": 0, "max_tokens": 12})
+        assert status == 200, body
+        return body["choices"][0]["message"]["content"], body["usage"]["prompt_tokens"]
+
+    system, developer = reply("system"), reply("developer")
+    assert developer == system and system[1] == 1 + 9 + 1 + 1 + 11 + 1 + 1  # the system turn is in the prompt
+
+
 def test_completions_continue_text_and_stop_at_a_stop_string(server):
     c = client(server)
     full = c.completions.create(model="tiny-chat", prompt="the cat", max_tokens=30, temperature=0)
@@ -129,6 +142,8 @@ MALFORMED = [  # (body or raw bytes, path, status, what the message says, param)
      "top_logprobs must be between 0 and 20", "top_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "x"}]}, "chat", 400,
      "only the first", "messages[1].role"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "developer", "content": "x"}]}, "chat", 400,
+     "a developer message: only the first", "messages[1].role"),
     ({"messages": [{"role": "user", "content": "HI"}]}, "chat", 400, "outside this model's character vocabulary", None),
     ({"messages": [{"role": "user", "content": "a" * 70}]}, "chat", 400, "more than the model's context", None),
     ({"prompt": 12}, "completions", 400, "prompt must be", "prompt"),
