@@ -236,6 +236,38 @@ def test_a_connection_flood_past_the_file_limit_leaves_the_server_answering(chec
     assert len(warnings) <= 2, err  # said once in a while, not a traceback each time
 
 
+def test_past_the_file_limit_with_every_connection_busy_a_new_one_is_answered_503(checkpoint):
+    """ulimit -n 64 leaves room for 8 connections (guard.connection_limit's floor). With 8
+    busy (their bodies still coming: none silent, none to close), a ninth is answered 503
+    with Retry-After, in OpenAI's error shape, not closed unanswered: a GET, a POST whose
+    body goes out after the answer, and a client that reads before it sends. Once the 8
+    go, requests are answered again."""
+    s = Server(f"--ckpt={checkpoint}", "--allowed_hosts=*", "--require_json=false", open_files=64)
+    busy = []
+    try:
+        for _ in range(8):
+            busy.append(socket.create_connection(("127.0.0.1", s.port), timeout=10))
+            busy[-1].sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        time.sleep(0.5)  # the server has read their headers: each is busy with its request
+        status, body = get(s.url + "/health", timeout=8)
+        assert status == 503 and body["error"]["code"] == "too_many_connections", body
+        assert "ulimit -n" in body["error"]["message"] and body["error"]["type"] == "server_error"
+        status, body = post(s.url + "/v1/completions", {"prompt": "ab" * 20_000, "max_tokens": 1}, timeout=8)
+        assert status == 503 and body["error"]["code"] == "too_many_connections", body
+        with socket.create_connection(("127.0.0.1", s.port), timeout=8) as quiet:
+            answer = quiet.makefile("rb").read()  # sends nothing: the answer comes, then the end
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"\r\nretry-after: 1\r\n" in answer.lower(), answer
+        for sock in busy:
+            sock.close()
+        time.sleep(0.3)
+        assert get(s.url + "/health", timeout=8)[0] == 200
+    finally:
+        for sock in busy:
+            sock.close()
+        code, err = s.stop(signal.SIGINT)
+    assert code == 0 and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("args, key, says", [
     (["--api_key= secret"], None, "(--api_key) starts or ends with white space"),
     (["--api_key=secret\t"], None, "starts or ends with white space"),
