@@ -441,3 +441,32 @@ def test_a_reload_mid_reply_puts_the_unanswered_message_back_in_the_box(browser,
     roles = [m["role"] for m in stand_in.requests[-1]["messages"]]
     assert roles == ["user", "assistant", "user"] and page.texts()[2] == "cut by a reload"
     assert [r for r, _ in conversation_of(page)] == ["user", "assistant", "user", "assistant"]
+
+
+def test_an_open_editor_keeps_its_words_while_other_replies_come_and_go(browser, stand_in):
+    """An edit not sent yet stays open, with its text, through a new message and a
+    Regenerate; when an earlier message is edited and sent, its message is gone and its
+    words go to the box."""
+    page = Page(browser, stand_in.url)
+    stand_in.mode, stand_in.delay = "ok", 0.0
+    page.open()
+    for text in ("one", "two"):
+        page.type(text)
+        page.settled()
+    page.all(".edit")[1].click()
+    page.all(".editor")[0].clear()
+    page.all(".editor")[0].send_keys("two, edited")
+    page.type("three")
+    page.settled()
+    assert [e.get_attribute("value") for e in page.all(".editor")] == ["two, edited"]
+    assert page.texts(".user") == ["one", "three"] and len(page.texts(".assistant")) == 3
+    page.all(".regenerate")[0].click()
+    page.settled()
+    assert [e.get_attribute("value") for e in page.all(".editor")] == ["two, edited"]
+    page.all(".edit")[0].click()
+    page.all(".editor")[0].clear()
+    page.all(".editor")[0].send_keys("one, edited")
+    page.all(".resend")[0].click()
+    page.settled()
+    assert page.texts(".user") == ["one, edited"] and not page.all(".editor")
+    assert page.box() == "two, edited" and not page.all(".error")
