@@ -384,10 +384,13 @@ def test_stop_before_any_text_puts_the_words_back_and_after_text_keeps_the_part(
     stand_in.delay = 1.0  # the first piece comes a second after the request
     page.type("wait for it")
     page.wait.until(lambda b: page.by_id("stop").is_enabled())
+    page.by_id("input").send_keys("typed meanwhile")
     page.by_id("stop").click()
     page.settled()
-    assert page.texts() == [] and conversation_of(page) == [] and page.box() == "wait for it"
-    assert not page.all(".error")
+    assert page.texts() == [] and conversation_of(page) == [] and not page.all(".error")
+    assert page.box() == "wait for it\n\ntyped meanwhile"  # both kept, the words that went out first
+    page.by_id("input").clear()
+    page.by_id("input").send_keys("wait for it")
     stand_in.delay = 0.3
     page.by_id("send").click()
     page.streaming()
