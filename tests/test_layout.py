@@ -239,3 +239,33 @@ def test_the_files_a_learner_reads_keep_lines_within_100_characters():
     long = [f"{name}:{i}" for name in ("model.py", "train.py", "sample.py")
             for i, line in enumerate((REPO / name).read_text(encoding="utf-8").splitlines(), 1) if len(line) > 100]
     assert long == []
+
+
+def test_every_package_module_has_its_row_in_the_layout_doc():
+    """docs/layout.md is the map a learner reads to know which modules to read and which to
+    skip: every module of gptkit/ (and the int8 kernel's C file) is named in it."""
+    doc = (REPO / "docs" / "layout.md").read_text(encoding="utf-8")
+    files = [p for p in (REPO / "gptkit").rglob("*") if p.suffix in {".py", ".c"} and p.name != "__init__.py"]
+    missing = []
+    for path in files:
+        rel = path.relative_to(REPO / "gptkit")
+        if f"`{rel.as_posix()}`" not in doc and f"`{rel.name}`" not in doc:  # prepare/, interop/: by name
+            missing.append(rel.as_posix())
+    assert missing == []
+
+
+def test_the_model_shapes_module_imports_only_the_model():
+    """Sampling, serving, LoRA and loading find the model's parts through
+    gptkit/models/shapes.py: it imports model.py (and errors.py, which imports nothing of
+    ours), so none of them pulls in the dataset reader or lab.py's report."""
+    graph = project_imports()
+    assert set(graph["gptkit.models.shapes"]) <= {"model", "gptkit.ops.errors"}
+    assert [m for m in graph["gptkit.ops.errors"] if m.split(".")[0] in {"gptkit", "model"}] == []
+    for name in ("sample", "serve", "gptkit.models.lora", "gptkit.models.loading", "gptkit.generation.generate"):
+        seen, todo = set(), [name]
+        while todo:
+            for dep in graph[todo.pop()]:
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        assert not seen & {"gptkit.data.dataset", "gptkit.models.params"}, name

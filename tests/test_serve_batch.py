@@ -214,6 +214,26 @@ def test_a_steps_events_reach_their_queues_after_it_in_one_wake_up(running_loop)
     assert len(wakes) == 2
 
 
+def test_the_workers_step_holds_back_the_events_of_every_loops_mailbox(running_loop):
+    """Mailboxes.step, which serve.py passes to the Worker as around_step: the events of a
+    step wait for its end in each event loop's mailbox, and the mailbox of a loop is made
+    once (the app asks for it per request)."""
+    import asyncio
+
+    from gptkit.serve.app import Mailboxes
+
+    loop, wakes = running_loop
+    mailboxes = Mailboxes()
+    box = mailboxes.of(loop)
+    assert mailboxes.of(loop) is box
+    queue = asyncio.Queue()
+    with mailboxes.step():
+        box.post(queue, ("text", 0))
+        time.sleep(0.05)
+        assert queue.empty(), "an event reached the loop during the step"
+    assert arrived([queue], [1]) and len(wakes) == 1
+
+
 def test_events_for_a_loop_that_has_closed_are_dropped_quietly():
     import asyncio
 
