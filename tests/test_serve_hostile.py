@@ -284,7 +284,7 @@ def test_past_the_file_limit_with_every_connection_busy_a_new_one_is_answered_50
 ])
 def test_settings_no_client_could_use_are_refused_before_anything_loads(tmp_path, monkeypatch, args, key, says):
     import serve
-    from gptkit.errors import UserError
+    from gptkit.ops.errors import UserError
 
     monkeypatch.delenv("GPTKIT_API_KEY", raising=False)
     if key is not None:
