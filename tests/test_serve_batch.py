@@ -372,7 +372,7 @@ def test_log_probabilities_go_out_with_the_text_they_made_and_stop_at_the_cut(st
     """worker.TokenEntries over BPE-like tokens: whatever the tokens' edges, no entry goes
     out before the text it made, and at the end the tokens spell the text a stop string
     cut (a token the cut falls in keeps its part of the text)."""
-    from gptkit.generate import TextStream
+    from gptkit.generation.generate import TextStream
     from gptkit.serve.worker import TokenEntries
 
     tokenizer = BytePieces(PIECES)
