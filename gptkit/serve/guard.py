@@ -12,7 +12,8 @@ one line by gptkit/serve/app.py:
   cannot hold the server's connections (and file descriptors) for longer than that;
   and near the file limit (connection_limit), a new connection closes the one that
   has waited longest without a request, so a flood of them does not keep others out;
-  where every open connection is busy, the new one is answered 503 (refusal) and closed.
+  where none is silent, the new one is answered 503 (refusal) and closed. A connection
+  turned away for want of room is answered, never just closed (a reset tells a client nothing).
 - QuietAcceptErrors: running out of file descriptors anyway is a warning line now and
   then, not asyncio's traceback for every accept() that failed.
 
@@ -24,6 +25,7 @@ import errno
 import json
 import os
 import socket
+import struct
 import sys
 
 LISTEN_BACKLOG = 128  # connections the kernel holds for us to accept (asyncio takes this many at a time)
@@ -131,6 +133,19 @@ def refusal(body):
     return head.encode() + data
 
 
+def unread_bytes(transport):
+    """How many bytes the kernel holds for this connection that are not read yet (FIONREAD;
+    0 where the system cannot say)."""
+    try:
+        import fcntl
+        import termios
+
+        fd = transport.get_extra_info("socket").fileno()
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (ImportError, AttributeError, OSError, ValueError):
+        return 0
+
+
 def timed_protocol(request_timeout, max_connections, refused=b""):
     """uvicorn's h11 protocol class, closing a connection whose request is not whole
     `request_timeout` seconds after the connection opened or its last reply ended, and,
@@ -148,11 +163,16 @@ def timed_protocol(request_timeout, max_connections, refused=b""):
             self.arm()
             if max_connections is not None and len(self.connections) > max_connections:
                 # Full: a new client must not wait for silent ones to time out (nor the next
-                # accept() fail for want of a file descriptor), so the stalest silent one goes.
+                # accept() fail for want of a file descriptor), so the stalest silent one goes,
+                # answered 503 too. Silent: no request begun, none waiting unread (in a burst,
+                # connections are all made before any is read: those are requests, not silence).
                 silent = [c for c in self.connections if c is not self and not c.refusing
-                          and c.conn.their_state is h11.IDLE and not c.transport.is_closing()]
+                          and c.conn.their_state is h11.IDLE and not c.transport.is_closing()
+                          and not unread_bytes(c.transport)]
                 if silent:
-                    min(silent, key=lambda c: c.since).transport.close()
+                    stalest = min(silent, key=lambda c: c.since)
+                    stalest.transport.write(refused)
+                    stalest.transport.close()
                 else:
                     self.refuse()
 
