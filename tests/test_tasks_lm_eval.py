@@ -26,7 +26,8 @@ pytest.importorskip("pyarrow")
 BLOCK = 32  # short enough that the longer items are cut from the left, as lm-eval cuts them
 
 # The task definitions as lm-eval's own arc_easy, piqa, winogrande, mmlu_anatomy and
-# lambada_openai yaml write them, reading local files instead of the Hub.
+# lambada_openai yaml write them, reading local files instead of the Hub; HellaSwag with
+# our context (its "ctx" field: lm-eval's own also prefixes the activity label).
 YAML = {
     "local_arc": """
         dataset_path: parquet
@@ -69,6 +70,16 @@ YAML = {
         doc_to_target: answer
         metric_list: [{{metric: acc}}]
     """,
+    "local_hellaswag": """
+        dataset_path: json
+        dataset_kwargs: {{data_files: {{test: "{path}"}}}}
+        output_type: multiple_choice
+        test_split: test
+        doc_to_text: "{{{{ctx}}}}"
+        doc_to_target: label
+        doc_to_choice: "{{{{endings}}}}"
+        metric_list: [{{metric: acc}}, {{metric: acc_norm}}]
+    """,
     "local_lambada": """
         dataset_path: json
         dataset_kwargs: {{data_files: {{test: "{path}"}}}}
@@ -91,7 +102,7 @@ def doc_to_choice(doc):
     return [doc["sentence"][:i] + doc["option1"], doc["sentence"][:i] + doc["option2"]]
 '''
 OURS = {"local_arc": "arc_easy", "local_piqa": "piqa", "local_winogrande": "winogrande", "local_mmlu": "mmlu",
-        "local_lambada": "lambada"}
+        "local_hellaswag": "hellaswag", "local_lambada": "lambada"}
 
 RUN_LM_EVAL = """
 import json, sys
