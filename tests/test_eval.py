@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 import eval as eval_script
 import train
-from gptkit.errors import run_main
-from gptkit.checkpoint import load_checkpoint
+from gptkit.ops.errors import run_main
+from gptkit.ops.checkpoint import load_checkpoint
 from train_helpers import sample_text, tiny_args, write_char_dataset
 
 transformers = pytest.importorskip("transformers")  # a test-only dependency
