@@ -160,7 +160,7 @@ def test_a_time_budget_that_ends_inside_the_warmup_says_so_early_and_at_the_end(
     assert len(notes) == 2, out
     assert notes[0].startswith("note: time_budget=30 allows about 30 steps at this pace, fewer than warmup_iters=100")
     assert notes[1].startswith("note: the time budget ended the run at step 30, inside warmup_iters=100")
-    assert [r["iter"] for r in read_metrics(tmp_path / "a", "note")] == [11]
+    assert [r["iter"] for r in read_metrics(tmp_path / "a", "note")] == [10]  # the 11th step's
     assert train.main(tiny_args(data_dir, tmp_path / "b", warmup_iters=5, **budget)) == 0
     assert "note: " not in capsys.readouterr().out
 

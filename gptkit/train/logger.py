@@ -288,7 +288,7 @@ class Logger:
             pace = (spent - self.pace_from[1]) / (steps - self.pace_from[0])
             note = self.schedule.budget_warmup_note(steps, spent, pace)
             if note is not None:
-                self.record({"kind": "note", "iter": steps, "note": note})
+                self.record({"kind": "note", "iter": self.state.iter_num, "note": note})  # as the step's record
 
     @property
     def seconds_per_iter(self):

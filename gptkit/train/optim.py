@@ -122,15 +122,15 @@ class Schedule:
         if allowed >= self.cfg.warmup_iters:
             return None
         return (f"time_budget={self.cfg.time_budget:g} allows about {allowed:,} steps at this pace, fewer than "
-                f"warmup_iters={self.cfg.warmup_iters:,}: the run will end inside its warmup and its learning rate "
-                f"never decay; give --warmup_iters={max(1, allowed // 10)} or a longer budget")
+                f"warmup_iters={self.cfg.warmup_iters}: the run will end inside its warmup, its learning rate never "
+                f"decayed; give --warmup_iters={max(1, allowed // 10)} or a longer budget")
 
     def end_note(self, state):
         """At the end: one line when the budget ended the run inside its warmup; None otherwise."""
         if not (self.inside_warmup(state.iter_num) and self.progress(state) == 1.0):
             return None
         return (f"the time budget ended the run at step {state.iter_num:,}, inside warmup_iters="
-                f"{self.cfg.warmup_iters:,}: the learning rate never decayed (it reached "
+                f"{self.cfg.warmup_iters}: the learning rate never decayed (it reached "
                 f"{lr_scale(state.iter_num - 1, self.cfg):.0%} of learning_rate); give --warmup_iters="
                 f"{max(1, state.iter_num // 10)} or a longer budget")
 
