@@ -281,12 +281,32 @@ def kernel_or_skip():
     return kernel
 
 
-@pytest.mark.parametrize("rows, width, bias", [(1, 768, True), (3, 100, False), (2, 3072, True), (1, 64, False)])
-def test_the_int8_kernel_computes_its_formula_written_out(rows, width, bias):
+# Each instruction set's path, built as a CPU of that class builds it (-march=native on one):
+# every path the machine can run is tested here, so an AVX-512 machine tests the AVX2 path too.
+ARCHES = {"native": None, "AVX2": "-march=x86-64-v3", "AVX-VNNI": "-march=x86-64-v3 -mavxvnni"}
+
+
+@pytest.fixture(params=sorted(ARCHES))
+def kernel_of_each_path(request, monkeypatch):
+    if ARCHES[request.param]:
+        monkeypatch.setenv("GPTKIT_INT8_ARCH", ARCHES[request.param])
+    int8_kernel.load.cache_clear()
+    try:
+        kernel = kernel_or_skip()
+        assert request.param in ("native", kernel.isa)  # the path asked for is the path built
+        yield kernel
+    finally:
+        int8_kernel.load.cache_clear()
+
+
+@pytest.mark.parametrize("rows, width, bias", [(1, 768, True), (3, 100, False), (2, 3072, True), (1, 64, False),
+                                               (2, 31, True), (1, 1, False)])
+def test_the_int8_kernel_computes_its_formula_written_out(rows, width, bias, kernel_of_each_path):
     """int8_kernel.c's int8_linear against the same arithmetic in torch: x and W rounded to
     int8 per row (scale max|row| / 127), exact int32 sums, times both scales, plus the bias.
-    Widths not a multiple of 64 exercise the masked tail; several rows share each weight row."""
-    kernel = kernel_or_skip()
+    Widths not a multiple of 64 or 32 exercise each path's tail; several rows share each
+    weight row. On every instruction set the machine runs (AVX-512 VNNI, AVX-VNNI, AVX2)."""
+    kernel = kernel_of_each_path
     generator = torch.Generator().manual_seed(width)
     linear = nn.Linear(width, 40, bias=bias)
     x = torch.randn(rows, width, generator=generator) * 3
@@ -307,7 +327,8 @@ def test_the_int8_kernel_computes_its_formula_written_out(rows, width, bias):
 def test_the_int8_products_are_named_in_the_header_and_fall_back_in_one_line(monkeypatch, tmp_path):
     kernel_or_skip()
     header = prepare_for_generating(model_for("gpt2"), SampleConfig(dtype="int8", device="cpu"), CPU, note=print)
-    assert header.endswith("; int8 products: gptkit/fast/int8_kernel.c on one thread (AVX-512 VNNI)")
+    kernel = int8_kernel.load()[0]
+    assert header.endswith(f"; int8 products: gptkit/fast/int8_kernel.c on one thread ({kernel.isa})")
     monkeypatch.setenv("CC", "false")  # a compiler that fails: torch's product, said in the header
     monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path))
     int8_kernel.load.cache_clear()
