@@ -8,7 +8,7 @@ OpenWebText's parquet conversion's single `text` column). Faults are switches on
 the server: `cut_once` (send N bytes of a file, then drop the connection), `corrupt`
 (flip a byte, same size), `missing` (404), `ignore_range` (answer 200 with it all).
 Hostile switches, for a server that lies: `link` (the Link header of each listing
-page), `listing_body` (bytes, or ENDLESS), `redirect_to` (any address, any scheme),
+page), `listing_body` (bytes, or ENDLESS), `redirect_to` (to any address, any scheme),
 `overlong` (files that go on past their size, with no Content-Length), `range_shift`
 and `content_range` (a 206 from another offset, or with a Content-Range of our own).
 """
@@ -72,7 +72,8 @@ class FakeHub:
         self.page_size = 1000  # entries per listing page; the rest behind a Link: rel="next" cursor
         self.link = None  # cursor -> the Link header value for that page (None: the honest one)
         self.listing_body = None  # bytes (or ENDLESS) to answer every listing page with instead
-        self.redirect_to = None  # send every listing and file request there with a 302
+        self.redirect_to = None  # (path prefix, address): requests under the prefix get a 302 there
+        self.lfs = True  # False: files listed without lfs (no published sha256), as small files are
         self.overlong = set()  # repo paths whose body goes on past their size (endless zeros)
         self.range_shift = 0  # answer a Range request from this many bytes further on (and say so)
         self.content_range = None  # a Content-Range header sent with every 206 instead of the true one
@@ -97,9 +98,9 @@ class FakeHub:
             def do_GET(self):
                 path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
                 hub.requests.append((path, self.headers.get("Range")))
-                if hub.redirect_to is not None and not path.startswith("/cdn/"):
+                if hub.redirect_to is not None and path.startswith(hub.redirect_to[0]):
                     self.send_response(302)
-                    self.send_header("Location", hub.redirect_to)
+                    self.send_header("Location", hub.redirect_to[1])
                     self.send_header("Content-Length", "0")
                     return self.end_headers()
                 if path.startswith("/api/datasets/"):
@@ -139,6 +140,8 @@ class FakeHub:
                         "type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": size, "path": rel,
                         "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134},
                     })
+                    if not hub.lfs:
+                        del entries[-1]["lfs"]
                 entries += hub.extra_entries
                 page = entries[cursor : cursor + hub.page_size]
                 body = json.dumps(page).encode() if hub.listing_body is None else hub.listing_body

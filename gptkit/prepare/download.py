@@ -124,7 +124,11 @@ def next_page(link, url):
     match = re.search(r'<([^>]*)>\s*;\s*rel="?next\b', link)
     if match is None:
         return None
-    return web_address(urllib.parse.urljoin(url, match.group(1).strip()), f"the next page after {url}")
+    try:
+        target = urllib.parse.urljoin(url, match.group(1).strip())
+    except ValueError:  # an IPv6 host without its closing bracket
+        target = match.group(1)
+    return web_address(target, f"the next page after {url}")
 
 
 def listing_page(url, repo, folder):
