@@ -74,13 +74,16 @@ def tree_url(base, repo, revision, folder):
 
 
 def _why(e):
-    """A network error in a few words: 'HTTP 404 Not Found', 'Connection refused'."""
+    """A network error in a few words, on one line: 'HTTP 404 Not Found', 'Connection refused'
+    (urllib's own reasons can span lines, a server's reason phrase can be long)."""
     if isinstance(e, urllib.error.HTTPError):
-        return f"HTTP {e.code} {e.reason}"
-    if isinstance(e, http.client.IncompleteRead):
-        return f"connection closed after {len(e.partial):,} more bytes"
-    reason = getattr(e, "reason", None) or e
-    return str(getattr(reason, "strerror", None) or reason or type(e).__name__)
+        why = f"HTTP {e.code} {e.reason}"
+    elif isinstance(e, http.client.IncompleteRead):
+        why = f"connection closed after {len(e.partial):,} more bytes"
+    else:
+        reason = getattr(e, "reason", None) or e
+        why = str(getattr(reason, "strerror", None) or reason or type(e).__name__)
+    return " ".join(why.split())[:200]
 
 
 def list_files(base, repo, revision, folder, suffix=".parquet"):
@@ -116,6 +119,8 @@ def web_address(url, named):
         parts = None
     if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.netloc:
         raise UserError(f"{named} is {url[:200]!r}, not an http(s) address: refused")
+    if any(c.isspace() or unicodedata.category(c) == "Cc" for c in url):  # a folded header's line break
+        raise UserError(f"{named} is {url[:200]!r}, which holds spaces or control characters: refused")
     return url
 
 
@@ -364,7 +369,7 @@ def first_byte(response, url, have, size):
     if response.status == 200:
         return 0
     if response.status != 206:
-        raise UserError(f"{url} answered HTTP {response.status} {response.reason}, not the file: refused")
+        raise UserError(f"{url} answered HTTP {response.status} {_why(response.reason)[:80]}, not the file: refused")
     told = response.headers.get("Content-Range", "")
     match = re.fullmatch(r"bytes ([0-9]+)-([0-9]+)/([0-9]+|\*)", told.strip())
     if match is None:

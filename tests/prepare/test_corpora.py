@@ -373,21 +373,29 @@ def test_a_listing_past_the_page_limit_is_refused(hub, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("address", [
     "file:///dev/zero", "FILE:///etc/passwd", "ftp://127.0.0.1:9/x", "data:application/json,[]",
-    "gopher://127.0.0.1:9/", "javascript:alert(1)", "https://", "http://[::1/x",
+    "gopher://127.0.0.1:9/", "javascript:alert(1)", "https://", "http://[::1/x", "http://127.0.0.1:9/a b",
 ])
 def test_only_http_addresses_are_followed(hub, tmp_path, address):
     listing = tmp_path / "listing.json"  # a local file that would pass for a listing
     listing.write_text(json.dumps([{"type": "file", "path": f"{FW_FOLDER}/x.parquet", "size": 5}]))
     address = address.replace("/etc/passwd", str(listing))
     hub.page_size, hub.link = 2, lambda c: f'<{address}>; rel="next"'
-    assert len(refused(hub, tmp_path, "not an http\\(s\\) address")) == 1
+    assert len(refused(hub, tmp_path, "not an http\\(s\\) address|control characters")) == 1
     hub.link, hub.redirect_to = None, ("/api/", address)  # a redirect, of the listing, then of a file
-    refused(hub, tmp_path, "not an http\\(s\\) address|Redirection to url .* is not allowed|Invalid IPv6")
+    refused(hub, tmp_path, "not an http\\(s\\) address|Redirection to url .* is not allowed|Invalid IPv6|refused\\)")
     hub.redirect_to = ("/datasets/", address)
-    refused(hub, tmp_path, "not an http\\(s\\) address|Redirection to url .* is not allowed|Invalid IPv6")
+    refused(hub, tmp_path, "not an http\\(s\\) address|Redirection to url .* is not allowed|Invalid IPv6|refused\\)")
     assert not any((tmp_path / "data").rglob("*.parquet*"))
-    with pytest.raises(UserError, match="--base_url is .*not an http\\(s\\) address"):
+    with pytest.raises(UserError, match="--base_url is .*not an http\\(s\\) address|--base_url .*control"):
         prepare.main(["fineweb_edu", "--data_dir", str(tmp_path / "b"), "--base_url", "ftp://127.0.0.1:9"])
+
+
+def test_a_redirect_loop_ends_in_one_line(hub, tmp_path):
+    own = f"{hub.url}/datasets/{FW_REPO}/resolve/{FW_REV}/{FW_FOLDER}/000_00000.parquet"
+    hub.redirect_to = ("/datasets/", own)  # back to itself, forever
+    refused(hub, tmp_path, "could not download .*HTTP 30[0-9].*loop", "--shards", "1")
+    hub.redirect_to = ("/api/", f"{hub.url}/api/elsewhere")  # a chain that never ends
+    refused(hub, tmp_path, "could not list .*HTTP 30[0-9].*(loop|maximum)", "--shards", "1")
 
 
 @pytest.mark.parametrize("body, message", [
