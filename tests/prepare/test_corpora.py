@@ -23,16 +23,25 @@ OWT_REPO, OWT_REV, OWT_FOLDER = "Skylion007/openwebtext", "refs/convert/parquet"
 SHARD_ROWS = 300
 
 
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    monkeypatch.setattr(download, "RETRIES", 0)  # a stopped download ends the run (tests of the next run)
-    hub = FakeHub(tmp_path / "hub")
+@pytest.fixture(scope="module")
+def hub_files(tmp_path_factory):
+    """The stand-in Hub's repositories, written once: each test serves a copy it may change."""
+    hub = FakeHub(tmp_path_factory.mktemp("hub"))
     for shard in range(3):
         texts = random_texts(SHARD_ROWS, seed=shard)
         hub.add(FW_REPO, FW_REV, f"{FW_FOLDER}/{shard:03d}_00000.parquet", fineweb_edu_table(texts, shard))
     for shard in range(2):
         texts = random_texts(SHARD_ROWS, seed=10 + shard)
         hub.add(OWT_REPO, OWT_REV, f"{OWT_FOLDER}/{shard:04d}.parquet", openwebtext_table(texts, shard))
+    return hub.root
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch, hub_files):
+    import shutil
+
+    monkeypatch.setattr(download, "RETRIES", 0)  # a stopped download ends the run (tests of the next run)
+    hub = FakeHub(shutil.copytree(hub_files, tmp_path / "hub"))
     hub.start()
     yield hub
     hub.stop()
