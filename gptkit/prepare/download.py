@@ -17,7 +17,7 @@ removed and refused in one line.
 
 The server is not trusted: every field of the listing is checked (a name that is one
 file in the folder, a size that is a whole number of bytes), reads stop at the listed
-size + 1 byte (a listing page at LISTING_BYTES), only http(s) addresses are opened
+size + 1 byte (a whole listing at LISTING_BYTES), only http(s) addresses are opened
 (a Link or a redirect to file:, ftp: or data: is refused), a paged listing may not
 loop or run past MAX_PAGES, and a 206's Content-Range must start where we asked
 before its bytes are appended. Each refusal is one line naming what the server did.
@@ -47,7 +47,7 @@ TIMEOUT_S = 60
 RETRIES = 4  # a stopped download is continued this many times before giving up (waits 2, 4, 8, 16 s)
 RETRY_WAIT_S = 2
 # What a server may send, whatever it says: bounds that end a loop or an endless body in one line.
-LISTING_BYTES = 64 << 20  # one page of a listing (the Hub's pages of 1,000 files are ~0.3 MB)
+LISTING_BYTES = 64 << 20  # a whole listing, all pages (FineWeb-Edu's 350BT folder lists in ~1 MB)
 MAX_PAGES = 10_000  # pages of one listing (10 million files; FineWeb-Edu's 350BT sample has ~2,000)
 READ_TIME_S = 600  # to send one page of a listing, however slowly it trickles in
 MAX_FILE_BYTES = 1 << 40  # a listed size past 1 TiB is no corpus shard's
@@ -91,14 +91,15 @@ def list_files(base, repo, revision, folder, suffix=".parquet"):
     The Hub pages a long listing behind `Link: <URL>; rel="next"`: followed to http(s)
     addresses only, each page once, at most MAX_PAGES of them."""
     first = tree_url(base, repo, revision, folder)
-    url, files, seen = web_address(first, "--base_url"), {}, set()
+    url, files, seen, budget = web_address(first, "--base_url"), {}, set(), LISTING_BYTES
     while url:
         if url in seen:
             raise UserError(f"the listing at {first} leads back to a page it has listed ({url}): refused")
         if len(seen) == MAX_PAGES:
             raise UserError(f"the listing at {first} goes on past {MAX_PAGES:,} pages: refused")
         seen.add(url)
-        entries, link = listing_page(url, repo, folder)
+        entries, link, size = listing_page(url, repo, folder, budget)
+        budget -= size
         for f in (f for entry in entries if (f := listed_file(entry, folder, suffix, url))):
             if f.path in files:
                 raise UserError(f"the listing at {first} lists {f.path} twice (at {url}): refused")
@@ -136,11 +137,12 @@ def next_page(link, url):
     return web_address(target, f"the next page after {url}")
 
 
-def listing_page(url, repo, folder):
-    """One page of the listing: (its entries, its Link header), read up to LISTING_BYTES."""
+def listing_page(url, repo, folder, budget):
+    """One page of the listing: (its entries, its Link header, its size), read up to `budget` bytes."""
     try:
         with _open(url) as response:
-            body = read_capped(response, url, LISTING_BYTES, "one page of a listing")
+            body = read_capped(response, url, budget, f"{url} takes the listing past {LISTING_BYTES:,} bytes "
+                               "(all pages together): refused")
             link = response.headers.get("Link", "")
     except (OSError, ValueError, http.client.HTTPException) as e:  # URLError, timeouts, a URL http.client refuses
         raise UserError(
@@ -153,22 +155,22 @@ def listing_page(url, repo, folder):
         entries = None
     if not isinstance(entries, list):
         raise UserError(f"{url} did not answer with the Hub's file listing (a JSON list): {body[:80]!r}")
-    return entries, link
+    return entries, link, len(body)
 
 
-def read_capped(response, url, cap, what):
-    """The whole body of `response`, refused in one line past `cap` bytes or READ_TIME_S seconds."""
+def read_capped(response, url, cap, refusal):
+    """The whole body of `response`; UserError(`refusal`) past `cap` bytes, and past READ_TIME_S seconds."""
     length = response.headers.get("Content-Length", "")
     if length.isdecimal() and int(length) > cap:
-        raise UserError(f"{url} announces {int(length):,} bytes for {what}, more than {cap:,}: refused")
+        raise UserError(refusal)
     _check_encoding(response, url)
     body, deadline = bytearray(), time.monotonic() + READ_TIME_S
     while block := response.read1(BLOCK):
         body += block
         if len(body) > cap:
-            raise UserError(f"{url} sent more than {cap:,} bytes for {what}: refused")
+            raise UserError(refusal)
         if time.monotonic() > deadline:
-            raise UserError(f"{url} took more than {READ_TIME_S} s to send {what}: refused")
+            raise UserError(f"{url} took more than {READ_TIME_S} s to answer: refused")
     return bytes(body)
 
 
@@ -315,9 +317,9 @@ def _download(url, part, have, size, bar):
     try:
         response = _open(request)
     except urllib.error.HTTPError as e:
-        if e.code == 416 and have:  # the range starts past the file's end: the .part is not a prefix of it
-            part.unlink()
-            raise UserError(f"{url} is shorter than the {have:,} bytes already downloaded: removed, run again")
+        if e.code == 416 and have:  # "past the end": yet the listing says the file is longer than the .part
+            raise UserError(f"{url} answered 416 to a request from byte {have:,} of a file listed at {size:,} "
+                            f"bytes: refused (remove {part} to download it again)")
         kind = Stopped if e.code == 429 or e.code >= 500 else UserError  # busy or failing, not "no such file"
         raise kind(f"could not download {url} ({_why(e)})")
     except (OSError, http.client.HTTPException) as e:

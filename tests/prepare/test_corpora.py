@@ -413,13 +413,26 @@ def test_a_redirect_loop_ends_in_one_line(hub, tmp_path):
     (b"[" * 100_000, "did not answer with the Hub's file listing"),  # nested past Python's stack
     (b"\xff\xfe[]", "did not answer with the Hub's file listing"),
     (b"", "did not answer with the Hub's file listing"),
-    ("endless", "sent more than 1,048,576 bytes for one page of a listing"),
+    ("endless", "takes the listing past 1,048,576 bytes"),
 ])
 def test_a_listing_that_is_not_json_or_never_ends_is_refused(hub, tmp_path, monkeypatch, body, message):
     monkeypatch.setattr(download, "LISTING_BYTES", 1 << 20)
     hub.listing_body = body
     refused(hub, tmp_path, message)
     assert not (tmp_path / "data").exists()
+
+
+def test_a_listing_is_bounded_over_all_its_pages(hub, tmp_path, monkeypatch):
+    hub.page_size = 1  # three pages of ~250 bytes each: more than 600 in all
+    monkeypatch.setattr(download, "LISTING_BYTES", 600)
+    assert len(refused(hub, tmp_path, "takes the listing past 600 bytes \\(all pages together\\)")) == 3
+
+
+def test_a_416_keeps_the_part_already_downloaded(hub, tmp_path):
+    target, size, part, data = cut_first(hub, tmp_path)
+    hub.range_shift = size  # "past the end" of a file the listing says is longer
+    refused(hub, tmp_path, "answered 416 to a request from byte .* listed at .*remove .*part", "--shards", "1")
+    assert part.stat().st_size == size // 3
 
 
 def entry(**fields):
