@@ -153,7 +153,7 @@ class FakeHub:
                 elif cursor + hub.page_size < len(entries):
                     here = urllib.parse.urlsplit(self.path).path
                     self.send_header("Link", f'<{hub.url}{here}?cursor={cursor + hub.page_size}>; rel="next"')
-                if body is ENDLESS:
+                if body == ENDLESS:
                     self.end_headers()
                     return self.endless(b"[" + b'{"type": "directory", "path": "x"}, ' * 1000)
                 self.send_header("Content-Length", str(len(body)))

@@ -47,8 +47,8 @@ TIMEOUT_S = 60
 RETRIES = 4  # a stopped download is continued this many times before giving up (waits 2, 4, 8, 16 s)
 RETRY_WAIT_S = 2
 # What a server may send, whatever it says: bounds that end a loop or an endless body in one line.
-LISTING_BYTES = 64 << 20  # a whole listing, all pages (FineWeb-Edu's 350BT folder lists in ~1 MB)
-MAX_PAGES = 10_000  # pages of one listing (10 million files; FineWeb-Edu's 350BT sample has ~2,000)
+LISTING_BYTES = 64 << 20  # a whole listing, all pages (~250 bytes a file: room for ~250,000 files)
+MAX_PAGES = 10_000  # pages of one listing
 READ_TIME_S = 600  # to send one page of a listing, however slowly it trickles in
 MAX_FILE_BYTES = 1 << 40  # a listed size past 1 TiB is no corpus shard's
 NAME_BYTES = 255  # the longest file name Linux's, macOS's and Windows' file systems hold
@@ -104,9 +104,9 @@ def list_files(base, repo, revision, folder, suffix=".parquet"):
             if f.path in files:
                 raise UserError(f"the listing at {first} lists {f.path} twice (at {url}): refused")
             files[f.path] = f
-        url = next_page(link, url)
-        if url and not entries:
-            raise UserError(f"{url} is an empty page of the listing at {first} that points to a next one: refused")
+        page, url = url, next_page(link, url)
+        if url and not entries:  # a new address each time, never an end
+            raise UserError(f"{page} is an empty page of the listing at {first} that points to a next one: refused")
     if not files:
         raise UserError(f"{first} lists no {suffix} files")
     return sorted(files.values(), key=lambda f: f.path)

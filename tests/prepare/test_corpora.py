@@ -13,7 +13,7 @@ import pytest
 import prepare
 from gptkit.ops.errors import UserError
 from gptkit.prepare import download
-from hub_server import FakeHub, fineweb_edu_table, openwebtext_table, random_texts
+from hub_server import ENDLESS, FakeHub, fineweb_edu_table, openwebtext_table, random_texts
 from repo import REPO
 
 pytestmark = pytest.mark.usefixtures("tiktoken_available")
@@ -413,7 +413,8 @@ def test_a_redirect_loop_ends_in_one_line(hub, tmp_path):
     (b"[" * 100_000, "did not answer with the Hub's file listing"),  # nested past Python's stack
     (b"\xff\xfe[]", "did not answer with the Hub's file listing"),
     (b"", "did not answer with the Hub's file listing"),
-    ("endless", "takes the listing past 1,048,576 bytes"),
+    (b'[{"type": "file", "path": "sample/10BT/x.parquet", "size": ' + b"9" * 5000 + b"}]", "did not answer"),
+    (ENDLESS, "takes the listing past 1,048,576 bytes"),
 ])
 def test_a_listing_that_is_not_json_or_never_ends_is_refused(hub, tmp_path, monkeypatch, body, message):
     monkeypatch.setattr(download, "LISTING_BYTES", 1 << 20)
