@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ENDLESS = "endless"  # a body that never ends: zeros until the client hangs up
+ENDLESS = "endless"  # a body that never ends, until the client hangs up
 WORDS = "the of and a to in is was for on that with as by it he at from his an were are which this".split()
 WORDS += ["educational", "résumé", "naïve", "日本語", "x,y", "3.14", "don't", "\n\n", "\n"]
 

@@ -49,7 +49,8 @@ RETRY_WAIT_S = 2
 # What a server may send, whatever it says: bounds that end a loop or an endless body in one line.
 LISTING_BYTES = 64 << 20  # a whole listing, all pages (~250 bytes a file: room for ~250,000 files)
 MAX_PAGES = 10_000  # pages of one listing
-READ_TIME_S = 600  # to send one page of a listing, however slowly it trickles in
+READ_TIME_S = 600  # to send one page of a listing, however slowly it trickles in; and for a file
+SLOWEST_BYTES = 1 << 20  # ... to send at least this much more of it (1.7 KB/s), else it is continued later
 MAX_FILE_BYTES = 1 << 40  # a listed size past 1 TiB is no corpus shard's
 NAME_BYTES = 255  # the longest file name Linux's, macOS's and Windows' file systems hold
 
@@ -335,8 +336,14 @@ def _download(url, part, have, size, bar):
         if bar is not None and have and not start:
             bar.update(-have)
         written, too_long = start, False
+        window = (time.monotonic(), written)  # a trickle that never times out is a hang, too
         with open(part, "ab" if start else "wb") as f:
             while True:
+                if time.monotonic() - window[0] > READ_TIME_S:
+                    if written - window[1] < SLOWEST_BYTES:
+                        raise Stopped(f"the download of {url} brought {written - window[1]:,} bytes in the last "
+                                      f"{READ_TIME_S} s: too slow, run again to continue where it stopped")
+                    window = (time.monotonic(), written)
                 try:
                     block = response.read1(min(BLOCK, size + 1 - written))  # what has arrived: a kill loses little
                 except (OSError, http.client.HTTPException) as e:  # a reset, a timeout, a cut: what arrived is kept

@@ -544,6 +544,19 @@ def test_a_200_to_a_range_request_restarts_the_file(hub, tmp_path):
     assert (data / "fineweb_edu" / "download" / target).read_bytes() == hub.file(FW_REPO, FW_REV, target).read_bytes()
 
 
+def test_a_trickle_that_never_times_out_is_stopped_and_kept(hub, tmp_path, monkeypatch):
+    monkeypatch.setattr(download, "READ_TIME_S", 0.5)
+    monkeypatch.setattr(download, "SLOWEST_BYTES", 4096)  # the trickle brings ~1,000 bytes in 0.5 s
+    hub.slow = (50, 0.025)
+    refused(hub, tmp_path, "brought [0-9,]+ bytes in the last 0.5 s: too slow", "--shards", "1")
+    part = tmp_path / "data" / "fineweb_edu" / "download" / FW_FOLDER / "000_00000.parquet.part"
+    assert 0 < part.stat().st_size < 4096  # kept, to continue from
+    hub.listing_body, hub.slow = ENDLESS, None
+    monkeypatch.setattr(download, "BLOCK", 1)  # the listing read in bytes: the clock is checked between them
+    monkeypatch.setattr(download, "READ_TIME_S", 0.0)
+    refused(hub, tmp_path, "took more than 0.0 s to answer")
+
+
 def test_a_compressed_body_is_refused(hub, tmp_path):
     hub.encoding = "gzip"
     refused(hub, tmp_path, "Content-Encoding 'gzip'", "--shards", "1")
