@@ -52,7 +52,7 @@ MAX_PAGES = 10_000  # pages of one listing
 READ_TIME_S = 600  # to send one page of a listing, however slowly it trickles in; and for a file
 SLOWEST_BYTES = 1 << 20  # ... to send at least this much more of it (1.7 KB/s), else it is continued later
 MAX_FILE_BYTES = 1 << 40  # a listed size past 1 TiB is no corpus shard's
-NAME_BYTES = 255  # the longest file name Linux's, macOS's and Windows' file systems hold
+NAME_BYTES = 255 - len(".sha256")  # file systems hold 255 bytes a name; ours add .part and .sha256
 
 
 @dataclass(frozen=True)

@@ -446,8 +446,9 @@ def entry(**fields):
     (entry(path=f"{FW_FOLDER}/a\x7f.parquet"), "control characters"),
     (entry(path=f"{FW_FOLDER}/a\x85.parquet"), "control characters"),
     (entry(path=f"{FW_FOLDER}/a\ud800.parquet"), "not valid Unicode"),
-    (entry(path=f"{FW_FOLDER}/{'a' * 300}.parquet"), "a file name of 308 bytes \\(at most 255\\)"),
-    (entry(path=f"{FW_FOLDER}/{'é' * 126}.parquet"), "a file name of 260 bytes"),  # bytes, not characters
+    (entry(path=f"{FW_FOLDER}/{'a' * 300}.parquet"), "a file name of 308 bytes \\(at most 248\\)"),
+    (entry(path=f"{FW_FOLDER}/{'a' * 241}.parquet"), "a file name of 249 bytes"),  # + .sha256: past 255
+    (entry(path=f"{FW_FOLDER}/{'é' * 121}.parquet"), "a file name of 250 bytes"),  # bytes, not characters
     (entry(path=f"{FW_FOLDER}/sub/x.parquet"), "outside sample/10BT"),
     (entry(path=f"{FW_FOLDER}/..\\x.parquet"), "outside sample/10BT"),
     (entry(path=f"{FW_FOLDER}/../x.parquet"), "outside sample/10BT"),
@@ -479,6 +480,16 @@ def test_each_field_of_a_listing_entry_is_checked(hub, tmp_path, bad, message):
     hub.extra_entries = [bad]
     refused(hub, tmp_path, message)
     assert not (tmp_path / "data").exists()
+
+
+def test_the_longest_name_allowed_downloads(hub, tmp_path):
+    name = f"{FW_FOLDER}/{'é' * 120}.parquet"  # 248 bytes: with .sha256 beside it, 255
+    hub.add(FW_REPO, FW_REV, name, fineweb_edu_table(random_texts(20, seed=9), 9))
+    data = tmp_path / "data"
+    run(hub, data, "fineweb_edu")
+    local = data / "fineweb_edu" / "download" / name
+    assert local.read_bytes() == hub.file(FW_REPO, FW_REV, name).read_bytes()
+    assert local.with_name(local.name + ".sha256").is_file()
 
 
 def cut_first(hub, tmp_path, lfs=True):
