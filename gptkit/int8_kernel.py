@@ -226,6 +226,7 @@ def build(compiler, library, failed):
     tmp, record = temp_path(library), library.with_suffix(".sha256")
     record_tmp, named = temp_path(record), f"`{shlex.join(compiler)}`"
     try:
+        tmp.touch(mode=0o600)  # a folder we cannot write says so here, not as a compiler's failure to remember
         status, errors = run_compiler([*compiler, *FLAGS, str(SOURCE), "-o", str(tmp), "-lm"])
         if status != 0:
             remember(failed, f"{named} failed to build it ({(errors.strip().splitlines() or ['no message'])[0]})")

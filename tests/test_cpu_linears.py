@@ -551,3 +551,47 @@ def test_two_processes_building_at_once_compile_once_and_both_load_it(tmp_path):
     assert all(run.returncode == 0 for run in runs) and [err for _, err in outputs] == ["", ""]
     assert {out.strip() for out, _ in outputs} <= {"loaded", "this CPU has no AVX-512 VNNI"}
     assert log.read_text() == "x\n"
+
+
+def test_sample_py_with_a_spoiled_cache_samples_int8_and_says_why_in_one_line(sharp, built, tmp_path):
+    """The whole command, as a user meets it: a truncated library (which killed every int8
+    process with SIGBUS) is rebuilt; GPTKIT_CACHE_DIR naming a file keeps torch's product."""
+    _, library, record = cache_copy(built, tmp_path / "cache")
+    truncated(library, record)
+    cases = {tmp_path / "cache": f"decode: gptkit/int8_kernel.c's cached {library} does not match the sha256 "
+                                 "recorded when it was built (truncated or replaced): rebuilt",
+             make_file(tmp_path): "(gptkit/int8_kernel.c not used: its cache folder cannot be made: "}
+    texts = []
+    for cache, said in cases.items():
+        command = [sys.executable, "sample.py", "--ckpt", str(sharp), "--device", "cpu", "--num_samples", "2",
+                   "--max_new_tokens", "60", "--start", "ROMEO:", "--seed", "5", "--temperature", "0", "--dtype", "int8"]
+        env = dict(os.environ, GPTKIT_CACHE_DIR=str(cache), OMP_NUM_THREADS="1")
+        out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0 and len(out.stdout) > 100, out.stderr
+        texts.append(out.stdout)
+        assert said in out.stderr and "Traceback" not in out.stderr and "9 nn.Linear replaced by Int8Linear" in out.stderr
+    assert int8_kernel.unverified(library) is None and texts[0] == texts[1]  # a sharp model: the same text
+
+
+def test_a_cache_folder_that_cannot_be_written_keeps_torch_s_product_or_loads_what_it_holds(built, tmp_path):
+    """chmod 500: nothing can be built there (one line, torch's product, no marker: a later
+    chmod u+w tries again), and a verified library already there is still loaded."""
+    empty = tmp_path / "empty" / "int8_kernel"
+    empty.mkdir(parents=True)
+    full = cache_copy(built, tmp_path / "full")[0]
+    for folder in (empty, full):
+        folder.chmod(0o500)
+    # root writes anywhere: run as root without its capabilities (uid 0 still owns the folders)
+    prefix = ["setpriv", "--inh-caps=-all", "--bounding-set=-all"] if os.geteuid() == 0 else []
+    if prefix and not shutil.which("setpriv"):
+        pytest.skip("setpriv is needed to take root's right to write anywhere")
+    code = "from gptkit import int8_kernel; kernel, why = int8_kernel.load(); print(why or 'loaded')"
+    said = {}
+    for folder in (empty, full):
+        env = dict(os.environ, GPTKIT_CACHE_DIR=str(folder.parent))
+        out = subprocess.run([*prefix, sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0 and out.stderr == "", out.stderr
+        said[folder.parent.name] = out.stdout.strip()
+    assert re.fullmatch(rf"`cc` could not build it in {empty} \(PermissionError: Permission denied\)", said["empty"])
+    assert said["full"] in ("loaded", "this CPU has no AVX-512 VNNI") and list(empty.iterdir()) == []
