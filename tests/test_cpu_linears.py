@@ -134,19 +134,30 @@ def test_a_weight_the_format_cannot_hold_keeps_that_matrix_in_float32(value, wei
     assert len(parts) == 8 and type(model.transformer.h[1].mlp.c_fc) is nn.Linear
 
 
-def test_int8_keeps_a_matrix_whose_inputs_its_kernel_cannot_take_in_float32(monkeypatch):
-    model = perturbed_model(GPTConfig(**{**BASE, "mlp_hidden": 88}), 0).eval()
-    if int8_kernel.load()[0] is not None:  # int8_kernel.c takes any width (a masked tail)
-        said = []
-        cpu_linears.swap_linears(copy.deepcopy(model), "int8", said.append)
-        assert said == []
+def test_int8_without_the_kernel_gives_every_width_int8_by_padding_to_16(monkeypatch):
+    """torch._weight_int8pack_mm reads the inputs in blocks of 16: a width that is not a
+    multiple (an MLP of 88, 1 to 33 inputs) gets zero columns. Against the formula written
+    out (x rounded to bfloat16, q and the scales as int8_rows gives them) and against a
+    multiple of 16 whose extra inputs are zero, where the padding must change nothing."""
     monkeypatch.setattr(cpu_linears, "int8_product", lambda: (None, "torch._weight_int8pack_mm"))
+    model = perturbed_model(GPTConfig(**{**BASE, "mlp_hidden": 88}), 0).eval()
     said = []
-    cpu_linears.swap_linears(model, "int8", said.append)
-    assert said == ["decode: 2 nn.Linear stay model.py's (Int8Linear, transformer.h.0.mlp.c_proj, "
-                    "transformer.h.1.mlp.c_proj: its 88 inputs are not a multiple of 16, which "
-                    "torch._weight_int8pack_mm needs)"]
-    assert isinstance(model.transformer.h[0].mlp.c_fc, cpu_linears.Int8Linear)
+    assert len(cpu_linears.swap_linears(model, "int8", said.append)) == 9 and said == []
+    assert model.transformer.h[0].mlp.c_proj.q.shape == (48, 96)
+    for width in (1, 7, 15, 17, 33, 88):
+        generator = torch.Generator().manual_seed(width)
+        linear = nn.Linear(width, 24)
+        x = torch.randn(2, 3, width, generator=generator)
+        q, scale = cpu_linears.int8_rows(linear.weight.detach())
+        formula = (x.bfloat16().float() @ q.float().T) * scale.bfloat16().float() + linear.bias.detach()
+        wide = nn.Linear(width + 16 - width % 16 if width % 16 else width, 24)
+        with torch.no_grad():
+            wide.weight.zero_()[:, :width] = linear.weight
+            wide.bias.copy_(linear.bias)
+            got = cpu_linears.Int8Linear(linear)(x)
+            padded_by_hand = cpu_linears.Int8Linear(wide)(torch.nn.functional.pad(x, (0, wide.in_features - width)))
+        assert torch.equal(got, padded_by_hand)
+        assert ((got - formula).norm() / formula.norm()).item() < 1e-2  # bfloat16 sums and scales
 
 
 def test_int8_with_a_huge_weight_samples_where_float32_does():
