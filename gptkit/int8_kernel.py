@@ -58,6 +58,7 @@ SOURCE = Path(__file__).with_name("int8_kernel.c")
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
 BUILD_SECONDS = 120
 LOCK_NAME = ".int8_kernel.lock"
+LOCK_MARGIN_SECONDS = 10  # waited past another process's BUILD_SECONDS before giving up on its lock
 MISSING = "is not built yet"  # unverified()'s word for a first build: no line on stderr
 
 
@@ -92,7 +93,11 @@ def load():
 def checked_kernel():
     """The kernel's library, verified (or built) in the cache folder and loaded; NotUsed why not."""
     compiler = compiler_command()
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *compiler, *FLAGS, cpu_flags()]).encode()).hexdigest()[:16]
+    try:
+        source = SOURCE.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise NotUsed(f"{shown(SOURCE)} cannot be read ({getattr(e, 'strerror', None) or e})")
+    key = hashlib.sha256("\0".join([source, *compiler, *FLAGS, cpu_flags()]).encode()).hexdigest()[:16]
     folder = private_folder()
     library = folder / f"int8_kernel-{key}.so"
     with build_lock(folder):
@@ -159,15 +164,16 @@ def build_lock(folder):
         fd = None
     try:
         if fd is not None and fcntl is not None:
-            deadline = time.monotonic() + BUILD_SECONDS + 10
+            deadline = time.monotonic() + BUILD_SECONDS + LOCK_MARGIN_SECONDS
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise NotUsed(f"another process has been building it in {shown(folder)} for over "
-                                      f"{BUILD_SECONDS} s")
+                        waited = BUILD_SECONDS + LOCK_MARGIN_SECONDS
+                        raise NotUsed(f"another process has held {shown(folder / LOCK_NAME)} for over {waited} s "
+                                      "(a build that does not end): not waiting longer")
                     time.sleep(0.05)
         yield
     finally:
@@ -180,7 +186,8 @@ def make_ready(compiler, library):
     its check; NotUsed where a build failed, now or before (remembered), or cannot be made."""
     failed = library.with_suffix(".failed")
     if failed.is_file():
-        why = failed.read_text(errors="replace")[:300].strip() or "no message"
+        with open(failed, "rb") as f:
+            why = f.read(300).decode(errors="replace").strip() or "no message"
         raise NotUsed(f"its build failed in an earlier run ({why}): remove {shown(failed)} to try again")
     why = unverified(library)
     if why is None:
@@ -205,7 +212,8 @@ def unverified(library):
         return why
     try:
         why = not_private(os.lstat(record), stat.S_ISREG, "a regular file")
-        recorded = record.read_text(errors="replace")[:100].strip()
+        with open(record, "rb") as f:
+            recorded = f.read(100).decode(errors="replace").strip()
     except FileNotFoundError:
         return "has no record of its sha256 (a library not built here)"
     if why:

@@ -606,3 +606,31 @@ def test_a_cache_folder_that_cannot_be_written_keeps_torch_s_product_or_loads_wh
         said[folder.parent.name] = out.stdout.strip()
     assert re.fullmatch(rf"`cc` could not build it in {empty} \(PermissionError: Permission denied\)", said["empty"])
     assert said["full"] in ("loaded", "this CPU has no AVX-512 VNNI") and list(empty.iterdir()) == []
+
+
+def test_a_build_lock_that_is_never_let_go_is_waited_out_not_forever(built, tmp_path, monkeypatch):
+    """Another process stuck holding the folder's lock (stopped with ^Z mid-build): a bounded
+    wait, one line, torch's product."""
+    import fcntl
+
+    folder = cache_copy(built, tmp_path)[0]
+    monkeypatch.setattr(int8_kernel, "BUILD_SECONDS", 0)
+    monkeypatch.setattr(int8_kernel, "LOCK_MARGIN_SECONDS", 0.3)
+    with open(folder / int8_kernel.LOCK_NAME, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another open file description: flock conflicts, as across processes
+        with fresh_cache(tmp_path):
+            assert int8_kernel.load() == (None, f"another process has held {folder / int8_kernel.LOCK_NAME} for over "
+                                                "0.3 s (a build that does not end): not waiting longer")
+
+
+def test_a_cached_library_that_cannot_be_replaced_is_skipped_with_one_line(built, tmp_path, capfd):
+    """A folder under the library's name: not loaded, not removable by a rename: skipped."""
+    folder, library, record = cache_copy(built, tmp_path)
+    library.unlink()
+    library.mkdir()
+    with fresh_cache(tmp_path):
+        kernel, why_not = int8_kernel.load()
+    assert kernel is None and re.fullmatch(rf"the cached {library} is not a regular file, and `cc` could not build "
+                                           rf"it in {folder} \(IsADirectoryError: Is a directory\)", why_not), why_not
+    assert capfd.readouterr().err == "" and sorted(p.name for p in folder.iterdir()) == sorted(
+        [".int8_kernel.lock", library.name, record.name])
