@@ -172,8 +172,8 @@ def build_lock(folder):
                 except BlockingIOError:
                     if time.monotonic() > deadline:
                         waited = BUILD_SECONDS + LOCK_MARGIN_SECONDS
-                        raise NotUsed(f"another process has held {shown(folder / LOCK_NAME)} for over {waited} s "
-                                      "(a build that does not end): not waiting longer")
+                        raise NotUsed(f"another process has held {shown(folder / LOCK_NAME)} for over "
+                                      f"{waited} s (a build that does not end): not waiting longer")
                     time.sleep(0.05)
         yield
     finally:
@@ -234,10 +234,11 @@ def build(compiler, library, failed):
     tmp, record = temp_path(library), library.with_suffix(".sha256")
     record_tmp, named = temp_path(record), f"`{shlex.join(compiler)}`"
     try:
-        tmp.touch(mode=0o600)  # a folder we cannot write says so here, not as a compiler's failure to remember
+        tmp.touch(mode=0o600)  # a folder we cannot write says so here, not as a compiler's failure
         status, errors = run_compiler([*compiler, *FLAGS, str(SOURCE), "-o", str(tmp), "-lm"])
-        if status != 0:
-            remember(failed, f"{named} failed to build it ({(errors.strip().splitlines() or ['no message'])[0]})")
+        if status != 0 or tmp.stat().st_size == 0:
+            first = (errors.strip().splitlines() or ["no message" if status else "it wrote nothing"])[0]
+            remember(failed, f"{named} failed to build it ({first})")
         record_tmp.write_text(sha256(tmp) + "\n")
         os.chmod(tmp, 0o755)  # the compiler's mode follows the umask: never writable by others
         os.replace(tmp, library)
@@ -245,7 +246,10 @@ def build(compiler, library, failed):
     except subprocess.TimeoutExpired:
         remember(failed, f"{named} did not finish building it in {BUILD_SECONDS} s")
     except OSError as e:
-        raise NotUsed(f"{named} could not build it in {shown(library.parent)} ({type(e).__name__}: {e.strerror or e})")
+        if e.filename == compiler[0]:  # not there, or not a program: quick to find again, not remembered
+            raise NotUsed(f"no compiler {named} ({e.strerror}): install one, or name it in $CC")
+        why = f"{type(e).__name__}: {e.strerror or e}"
+        raise NotUsed(f"{named} could not build it in {shown(library.parent)} ({why})")
     finally:
         tmp.unlink(missing_ok=True)
         record_tmp.unlink(missing_ok=True)
@@ -254,8 +258,8 @@ def build(compiler, library, failed):
 def run_compiler(command):
     """(exit status, stderr) of the compiler, started in a session of its own so that a
     hang past BUILD_SECONDS ends with everything it started (cc1, as, ld)."""
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, errors="replace", start_new_session=True)
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
     try:
         _, errors = process.communicate(timeout=BUILD_SECONDS)
     except subprocess.TimeoutExpired:

@@ -487,7 +487,8 @@ def other_users_target(tmp_path):
 FOLDERS = {
     "GPTKIT_CACHE_DIR is a file": (make_file, r"its cache folder cannot be made: .*/a file is not a folder "
                                               r"\(set GPTKIT_CACHE_DIR to a folder of yours\)"),
-    "under a file": (lambda tmp_path: make_file(tmp_path) / "below", "its cache folder cannot be made: .*/a file is not a .*"),
+    "under a file": (lambda tmp_path: make_file(tmp_path) / "below",
+                     "its cache folder cannot be made: .*/a file is not a .*"),
     "writable by all": (world_writable, r"its cache folder .*/int8_kernel can be written by others \(mode 0777\): "
                                         r"use a folder only you can write \(GPTKIT_CACHE_DIR\)"),
     "a symlink to another user's": (other_users_target, "its cache folder .*/theirs belongs to user 65534, .*"),
@@ -515,6 +516,7 @@ def test_a_cache_folder_through_a_symlink_of_ours_is_used(built, tmp_path):
 
 COMPILERS = {  # $CC that fails, and what load says
     "fails": ("false", "`false` failed to build it (no message)"),
+    "writes nothing": ("true", "`true` failed to build it (it wrote nothing)"),
     "says bytes that are not UTF-8": ("sh -c 'printf \"\\377 broken\\n\" >&2; exit 1' --",
                                       "failed to build it (\N{REPLACEMENT CHARACTER} broken)"),
     "hangs": ("sh -c 'sleep 30' --", "did not finish building it in 1 s"),
@@ -575,12 +577,14 @@ def test_sample_py_with_a_spoiled_cache_samples_int8_and_says_why_in_one_line(sh
     texts = []
     for cache, said in cases.items():
         command = [sys.executable, "sample.py", "--ckpt", str(sharp), "--device", "cpu", "--num_samples", "2",
-                   "--max_new_tokens", "60", "--start", "ROMEO:", "--seed", "5", "--temperature", "0", "--dtype", "int8"]
+                   "--max_new_tokens", "60", "--start", "ROMEO:", "--seed", "5", "--temperature", "0",
+                   "--dtype", "int8"]
         env = dict(os.environ, GPTKIT_CACHE_DIR=str(cache), OMP_NUM_THREADS="1")
         out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0 and len(out.stdout) > 100, out.stderr
         texts.append(out.stdout)
-        assert said in out.stderr and "Traceback" not in out.stderr and "9 nn.Linear replaced by Int8Linear" in out.stderr
+        assert said in out.stderr and "Traceback" not in out.stderr
+        assert "9 nn.Linear replaced by Int8Linear" in out.stderr
     assert int8_kernel.unverified(library) is None and texts[0] == texts[1]  # a sharp model: the same text
 
 
@@ -634,3 +638,17 @@ def test_a_cached_library_that_cannot_be_replaced_is_skipped_with_one_line(built
                                            rf"it in {folder} \(IsADirectoryError: Is a directory\)", why_not), why_not
     assert capfd.readouterr().err == "" and sorted(p.name for p in folder.iterdir()) == sorted(
         [".int8_kernel.lock", library.name, record.name])
+
+
+@pytest.mark.parametrize("compiler, why", [("/nonexistent/cc", "No such file or directory"),
+                                           (__file__, "Permission denied"), ('"', None)])
+def test_no_compiler_is_one_line_and_not_remembered(tmp_path, monkeypatch, compiler, why):
+    """A compiler that is not there (or not a program) is quick to find again: nothing written."""
+    monkeypatch.setenv("CC", compiler)
+    with fresh_cache(tmp_path):
+        said = int8_kernel.load()[1]
+    if why is None:
+        assert said == "$CC is not a command (No closing quotation)"
+    else:
+        assert said == f"no compiler `{compiler}` ({why}): install one, or name it in $CC"
+        assert sorted(p.name for p in (tmp_path / "int8_kernel").iterdir()) == [".int8_kernel.lock"]

@@ -96,7 +96,8 @@ def test_auto_on_a_folder_with_nothing_to_resume_says_so_once_and_its_advice_run
         train.main(tiny_args(data, out, init_from="auto", **ARGS))
     assert "\n" not in str(refused.value) and capsys.readouterr().out == ""
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".lock"} == before and left in before
-    advice = [word for word in shlex.split(str(refused.value).split(": ")[-1].split(", or")[0]) if word.startswith("--")]
+    advice = str(refused.value).split(": ")[-1].split(", or")[0]  # "start a new run ... --out_dir=OTHER"
+    advice = [word for word in shlex.split(advice) if word.startswith("--")]
     assert ("--init_from=" + str(out / "best.pt") in advice) == (left == "best.pt")
     settings = dict(word[2:].split("=", 1) for word in tiny_args(data, out, init_from="auto", **ARGS) + advice)
     settings["out_dir"] = tmp_path / "other"  # the line's OTHER
