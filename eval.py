@@ -20,27 +20,31 @@ nats / (ln 2 x the UTF-8 bytes of the scored tokens), comparable across
 tokenizers) and the token and byte counts; with --hellaswag FILE also HellaSwag
 accuracy in its completion form (acc: the ending with the lowest summed token
 loss; acc_norm: the lowest mean, llm.c's figure). With --tasks the standard tasks
-(ARC, PIQA, Winogrande, HellaSwag, MMLU, LAMBADA, GSM8K; gptkit/tasks.py) are scored
+(ARC, PIQA, Winogrande, HellaSwag, MMLU, LAMBADA, GSM8K; gptkit/evals/tasks.py) are scored
 as lm-evaluation-harness scores them and printed as one report card with its
-centered-accuracy summary (gptkit/report_card.py). Errors exit with code 2.
+centered-accuracy summary (gptkit/evals/report_card.py). Errors exit with code 2.
 
 `eval.py plot OUT_DIR ...` draws the training curves instead: train and val loss
-and the learning rate of each run, from its metrics.jsonl (gptkit/plot.py; needs
+and the learning rate of each run, from its metrics.jsonl (gptkit/evals/plot.py; needs
 matplotlib). A checkpoint folder named `plot` is written ./plot.
 """
 
 import argparse
 import sys
 
-from gptkit.errors import quiet_start
+from gptkit.ops.errors import quiet_start
 
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 import torch
 
-from gptkit import evaluation, hellaswag, tasks
-from gptkit.device import DTYPES, resolve_device, training_dtype
-from gptkit.errors import ArgumentParser, UserError, run_main
-from gptkit.paths import claim_output
+from gptkit.evals import evaluation
+
+from gptkit.evals import hellaswag
+
+from gptkit.evals import tasks
+from gptkit.ops.device import DTYPES, resolve_device, training_dtype
+from gptkit.ops.errors import ArgumentParser, UserError, run_main
+from gptkit.ops.paths import claim_output
 
 
 def parse_args(argv):
@@ -115,7 +119,7 @@ def read_tasks(args):
 
 def plot_main(argv):
     """`eval.py plot OUT_DIR ... [--out FILE]`: the loss curves of training runs."""
-    from gptkit import plot
+    from gptkit.evals import plot
 
     parser = ArgumentParser(
         prog="eval.py plot", description="Plot train/val loss and learning rate of training runs (needs matplotlib)."
@@ -178,7 +182,7 @@ def main(argv=None):
             if result.exact_match is not None:
                 print(evaluation.exact_match_lines(result))
         if task_items:
-            from gptkit.report_card import card_table
+            from gptkit.evals.report_card import card_table
 
             print(card_table(results))
             print("centered = (acc - random) / (1 - random); summary: their mean over the tasks (docs/evaluation.md)")

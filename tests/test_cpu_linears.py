@@ -1,4 +1,4 @@
-"""gptkit/cpu_linears.py: the faster products swapped into model.py's built model on a CPU.
+"""gptkit/fast/cpu_linears.py: the faster products swapped into model.py's built model on a CPU.
 Each part against the nn.Linear it replaces and the whole model against model.py's float32
 logits for every architecture variant (float32: equal to rounding; float16 and int8: the top
 token and a logit tolerance), the same Parameters kept, a part that computes something else
@@ -19,8 +19,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gptkit import cpu_linears, int8_kernel
-from gptkit.generate import cached_logits, generate_stream, prepare_for_generating
+from gptkit.fast import cpu_linears
+
+from gptkit.fast import int8_kernel
+from gptkit.generation.generate import cached_logits, generate_stream, prepare_for_generating
 from model import GPT, GPTConfig
 from repo import REPO
 from sample import SampleConfig
@@ -198,7 +200,7 @@ def test_a_model_py_that_reads_a_linear_as_the_parts_do_not_allow_gets_nn_linear
 
     mlp.forward = edited
     header = prepare_for_generating(model, SampleConfig(dtype="float32", device="cpu"), CPU, note=said.append)
-    assert said == ["decode: gptkit/cpu_linears.py's parts put back to nn.Linear (c_fc is not an nn.Linear): "
+    assert said == ["decode: gptkit/fast/cpu_linears.py's parts put back to nn.Linear (c_fc is not an nn.Linear): "
                     "model.py runs as written"]
     assert header == "decode: model.py's forward with its KV cache (no nn.Linear swapped)"
     assert all(type(m) is nn.Linear for m in model.modules() if hasattr(m, "out_features"))
@@ -210,7 +212,7 @@ def test_int8_parts_keep_the_cache_where_their_rounding_moves_the_logits():
     124M's shape (seed 1337) the cached and the whole-context forward, float roundings apart,
     round one value a step apart, ~2% of the logits. Judged with the parts, that read as a
     broken cache: `sample.py --dtype int8` recomputed the context every token, ~10x slower."""
-    from gptkit import generate
+    from gptkit.generation import generate
     from gptkit.serve.server import batch_size_that_runs
 
     torch.manual_seed(1337)
@@ -263,7 +265,7 @@ def sharp(tmp_path_factory):
 def test_sample_py_names_its_parts_and_prints_model_pys_text(sharp):
     default, said = sample(sharp, "--temperature", "0")
     assert default == sample(sharp, "--temperature", "0", "--cpu_decode", "false")[0] and len(default) > 100
-    assert "decode: model.py's forward with its KV cache; 9 nn.Linear replaced by NumPyLinear (gptkit/cpu_linears.py" in said
+    assert "decode: model.py's forward with its KV cache; 9 nn.Linear replaced by NumPyLinear (gptkit/fast/cpu_linears.py" in said
     for weights, part in (("float16", "Float16Linear"), ("int8", "Int8Linear")):
         text, said = sample(sharp, "--temperature", "0", "--dtype", weights)
         assert f"9 nn.Linear replaced by {part}" in said and "Warning" not in said
@@ -276,7 +278,7 @@ def test_int8_without_the_parts_and_off_a_cpu_is_refused_in_one_line(sharp):
     out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
-        "error: --dtype int8 is gptkit/cpu_linears.py's Int8Linear: leave out --cpu_decode false and --compile"]
+        "error: --dtype int8 is gptkit/fast/cpu_linears.py's Int8Linear: leave out --cpu_decode false and --compile"]
 
 
 @pytest.mark.parametrize("block_size", [1, 2])
@@ -290,7 +292,7 @@ def test_a_context_too_short_for_the_check_still_gets_its_parts_and_samples(bloc
 def kernel_or_skip():
     kernel, why_not = int8_kernel.load()
     if kernel is None:
-        pytest.skip(f"gptkit/int8_kernel.c is not used here: {why_not}")
+        pytest.skip(f"gptkit/fast/int8_kernel.c is not used here: {why_not}")
     return kernel
 
 
@@ -320,14 +322,15 @@ def test_the_int8_kernel_computes_its_formula_written_out(rows, width, bias):
 def test_the_int8_products_are_named_in_the_header_and_fall_back_in_one_line(monkeypatch, tmp_path):
     kernel_or_skip()
     header = prepare_for_generating(model_for("gpt2"), SampleConfig(dtype="int8", device="cpu"), CPU, note=print)
-    assert header.endswith("; int8 products: gptkit/int8_kernel.c on one thread (AVX-512 VNNI)")
+    assert header.endswith("; int8 products: gptkit/fast/int8_kernel.c on one thread (AVX-512 VNNI)")
     monkeypatch.setenv("CC", "false")  # a compiler that fails: torch's product, said in the header
     monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path))
     int8_kernel.load.cache_clear()
     try:
         model = model_for("gpt2")
         header = prepare_for_generating(model, SampleConfig(dtype="int8", device="cpu"), CPU, note=print)
-        assert re.search(r"; int8 products: torch._weight_int8pack_mm \(gptkit/int8_kernel.c not used: `false` "
+        assert re.search(r"; int8 products: torch._weight_int8pack_mm \(gptkit/fast/int8_kernel.c not used: "
+                         r"`false` "
                          r"failed to build it \(no message\) \(remembered: remove \S+\.failed to try again\)\)$", header)
         assert model.transformer.h[0].mlp.c_fc.kernel is None and not list(tmp_path.rglob("*.so*"))
         torch.set_num_threads(2)
@@ -446,7 +449,7 @@ def test_a_cached_library_that_fails_its_check_is_rebuilt_with_one_line(built, t
     with fresh_cache(tmp_path):
         kernel, why_not = int8_kernel.load()
     said = capfd.readouterr().err.splitlines()
-    assert len(said) == 1 and re.fullmatch(rf"decode: gptkit/int8_kernel.c's cached {library} {why}.*: rebuilt",
+    assert len(said) == 1 and re.fullmatch(rf"decode: gptkit/fast/int8_kernel.c's cached {library} {why}.*: rebuilt",
                                            said[0]), said
     kernel_works_or_says_no_vnni(kernel, why_not)
     assert int8_kernel.unverified(library) is None and not library.is_symlink()
@@ -461,7 +464,7 @@ def test_a_verified_library_without_the_kernel_s_functions_is_refused_in_one_lin
     foreign_library(library)
     record.write_text(int8_kernel.sha256(library) + "\n")
     with fresh_cache(tmp_path):
-        assert int8_kernel.load() == (None, f"{library} is not gptkit/int8_kernel.c's build "
+        assert int8_kernel.load() == (None, f"{library} is not gptkit/fast/int8_kernel.c's build "
                                             f"({library}: undefined symbol: has_vnni)")
     assert capfd.readouterr().err == ""
 
@@ -556,7 +559,7 @@ def test_two_processes_building_at_once_compile_once_and_both_load_it(tmp_path):
     """The second waits on the folder's lock for the first's build, then finds it verified."""
     log = tmp_path / "compiles"
     compiler = f"sh -c 'echo x >> {log}; sleep 1; exec cc \"$@\"' --"
-    code = "from gptkit import int8_kernel; k, why = int8_kernel.load(); print(why or 'loaded')"
+    code = "from gptkit.fast import int8_kernel; k, why = int8_kernel.load(); print(why or 'loaded')"
     env = dict(os.environ, GPTKIT_CACHE_DIR=str(tmp_path), CC=compiler)
     runs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
@@ -571,9 +574,9 @@ def test_sample_py_with_a_spoiled_cache_samples_int8_and_says_why_in_one_line(sh
     process with SIGBUS) is rebuilt; GPTKIT_CACHE_DIR naming a file keeps torch's product."""
     _, library, record = cache_copy(built, tmp_path / "cache")
     truncated(library, record)
-    cases = {tmp_path / "cache": f"decode: gptkit/int8_kernel.c's cached {library} does not match the sha256 "
+    cases = {tmp_path / "cache": f"decode: gptkit/fast/int8_kernel.c's cached {library} does not match the sha256 "
                                  "recorded when it was built (truncated or replaced): rebuilt",
-             make_file(tmp_path): "(gptkit/int8_kernel.c not used: its cache folder cannot be made: "}
+             make_file(tmp_path): "(gptkit/fast/int8_kernel.c not used: its cache folder cannot be made: "}
     texts = []
     for cache, said in cases.items():
         command = [sys.executable, "sample.py", "--ckpt", str(sharp), "--device", "cpu", "--num_samples", "2",
@@ -600,7 +603,7 @@ def test_a_cache_folder_that_cannot_be_written_keeps_torch_s_product_or_loads_wh
     prefix = ["setpriv", "--inh-caps=-all", "--bounding-set=-all"] if os.geteuid() == 0 else []
     if prefix and not shutil.which("setpriv"):
         pytest.skip("setpriv is needed to take root's right to write anywhere")
-    code = "from gptkit import int8_kernel; kernel, why = int8_kernel.load(); print(why or 'loaded')"
+    code = "from gptkit.fast import int8_kernel; kernel, why = int8_kernel.load(); print(why or 'loaded')"
     said = {}
     for folder in (empty, full):
         env = dict(os.environ, GPTKIT_CACHE_DIR=str(folder.parent))

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 import eval as eval_script
 import train
-from gptkit import hellaswag
-from gptkit.errors import run_main
-from gptkit.checkpoint import load_checkpoint
+from gptkit.evals import hellaswag
+from gptkit.ops.errors import run_main
+from gptkit.ops.checkpoint import load_checkpoint
 from train_helpers import sample_text, tiny_args, write_char_dataset
 
 transformers = pytest.importorskip("transformers")  # a test-only dependency
@@ -116,7 +116,7 @@ def test_hellaswag_predictions_equal_brute_force_transformers(hf_folder, tmp_pat
             means.append(losses.mean().item())
         expected_sum.append(min(range(4), key=sums.__getitem__))
         expected_mean.append(min(range(4), key=means.__getitem__))
-    from gptkit.evaluation import load_candidate
+    from gptkit.evals.evaluation import load_candidate
 
     candidate = load_candidate(str(folder), init_from=True)
     got = hellaswag.evaluate(candidate.model, candidate.tokenizer, hellaswag.read_items(tmp_path / "hs.jsonl"),

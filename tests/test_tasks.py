@@ -1,5 +1,5 @@
 """eval.py --tasks: the standard tasks read in their publishers' formats, scored in
-batches, and the report card (gptkit/tasks.py, task_scoring.py, report_card.py)."""
+batches, and the report card (gptkit/evals/tasks.py, task_scoring.py, report_card.py)."""
 
 import copy
 import functools
@@ -12,11 +12,13 @@ import pytest
 import torch
 
 import eval as eval_script
-from gptkit import report_card, task_scoring, tasks
-from gptkit.chat import prompt_ids
-from gptkit.errors import UserError, run_main
-from gptkit.evaluation import Candidate, Settings
-from gptkit.tokenizer import CharTokenizer
+from gptkit.evals import report_card
+from gptkit.evals import task_scoring
+from gptkit.evals import tasks
+from gptkit.data.chat import prompt_ids
+from gptkit.ops.errors import UserError, run_main
+from gptkit.evals.evaluation import Candidate, Settings
+from gptkit.data.tokenizer import CharTokenizer
 from model import GPTConfig
 from task_files import ARC, FILES, GSM8K, write_rows, write_task
 from train_helpers import perturbed_model, write_run
@@ -66,7 +68,7 @@ def file_args(folder, names):
 
 
 def candidate(run):
-    from gptkit.evaluation import load_candidate
+    from gptkit.evals.evaluation import load_candidate
 
     return load_candidate(str(run))
 

@@ -13,9 +13,11 @@ import pytest
 import torch
 
 import convert
-from gptkit import report_card, task_scoring, tasks
-from gptkit.evaluation import Settings, load_candidate
-from gptkit.tokenizer import GPT2Tokenizer
+from gptkit.evals import report_card
+from gptkit.evals import task_scoring
+from gptkit.evals import tasks
+from gptkit.evals.evaluation import Settings, load_candidate
+from gptkit.data.tokenizer import GPT2Tokenizer
 from model import GPTConfig
 from task_files import ARC, LAMBADA, MMLU, write_task
 from train_helpers import perturbed_model, subprocess_env, write_run

@@ -13,9 +13,9 @@ import time
 import pytest
 import torch
 
-from gptkit.checkpoint import load_checkpoint
-from gptkit.device import runs_on_glibc
-from gptkit.errors import UserError, run_main
+from gptkit.ops.checkpoint import load_checkpoint
+from gptkit.ops.device import runs_on_glibc
+from gptkit.ops.errors import UserError, run_main
 from gptkit.train.settings import check_world_size
 import train
 from train_helpers import (

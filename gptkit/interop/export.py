@@ -19,15 +19,15 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-from gptkit.atomic import atomic_write
-from gptkit.chat import chat_vocabulary
-from gptkit.errors import RunFailed, UserError
+from gptkit.ops.atomic import atomic_write
+from gptkit.data.chat import chat_vocabulary
+from gptkit.ops.errors import RunFailed, UserError
 from gptkit.interop import check_mapped_names, missing_weight
 from gptkit.interop.hf_gpt2 import export_gpt2, gpt2_mismatches
 from gptkit.interop.hf_llama import export_llama, llama_mismatches
 from gptkit.interop.hf_tokenizer import write_tokenizer
-from gptkit.loading import load_model
-from gptkit.paths import claim_output, shown
+from gptkit.models.loading import load_model
+from gptkit.ops.paths import claim_output, shown
 
 
 def hf_architecture(config):
@@ -69,7 +69,7 @@ def export_hf(source, dest, data_dir="data"):
     model, tokenizer, summary = load_source(source, data_dir)
     architecture = hf_architecture(model.config)  # before anything is written
     check_mapped_names(model.state_dict(), "--to hf")
-    # A new folder: published only if nothing appeared there meanwhile (gptkit/atomic.py).
+    # A new folder: published only if nothing appeared there meanwhile (gptkit/ops/atomic.py).
     try:
         with atomic_write(dest, replace=False, folder=True) as tmp:
             turns = chat_vocabulary(model.config.vocab_size, tokenizer.vocab_size)  # a chat model's turn tokens

@@ -29,8 +29,8 @@ from urllib.parse import urlparse
 
 import torch
 
-from gptkit.checkpoint import write_text_atomic
-from gptkit.errors import RunFailed, UserError, first_line
+from gptkit.ops.checkpoint import write_text_atomic
+from gptkit.ops.errors import RunFailed, UserError, first_line
 
 
 ETA_WINDOW = 100  # steps whose mean duration paces the ETA
@@ -251,7 +251,7 @@ class Logger:
         self.advance(dt)
 
     def eval(self, scores, lr):
-        """An evaluation's losses ({split: gptkit.scoring.Score}) at state.iter_num."""
+        """An evaluation's losses ({split: gptkit.evals.scoring.Score}) at state.iter_num."""
         bpb = {f"{s}_bpb": scores[s].bpb for s in ("val", "train")} if self.has_bpb(scores) else {}
         self.record({"kind": "eval", "iter": self.state.iter_num, "train_loss": scores["train"].loss,
                      "val_loss": scores["val"].loss, **bpb, "lr": lr, **self._clocks()})

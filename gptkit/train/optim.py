@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 
 def lr_scale(step, cfg, progress=None):

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import convert
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.interop import hf_gpt2, hf_tokenizer
-from gptkit.tokenizer import CharTokenizer
+from gptkit.data.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
 from repo import REPO
 from train_helpers import perturbed_model, write_run
