@@ -18,7 +18,7 @@ with its WeightOnlyInt8Linear):
                    matrix faster than PyTorch's product for one row (BENCHMARKS.md)
     Float16Linear  a float16 copy of W and float16 inputs: half the bytes a token
     Int8Linear     W rounded to int8 per output row (w = scale * q, |q| <= 127), a quarter
-                   of the bytes: at one thread on AVX-512 VNNI, inputs rounded to int8 per
+                   of the bytes: at one thread on AVX2 or VNNI, inputs rounded to int8 per
                    row and gptkit/fast/int8_kernel.c's int32 sums; else bfloat16 inputs and
                    torch._weight_int8pack_mm
 
@@ -111,7 +111,7 @@ def int8_rows(weight):
 
 class Int8Linear(nn.Module):
     """x @ Wᵀ + b with W rounded to int8 per output row: a quarter of float32's bytes.
-    Given gptkit/fast/int8_kernel.c's library (one thread, a CPU with AVX-512 VNNI), x is
+    Given gptkit/fast/int8_kernel.c's library (one thread, a CPU with AVX2 or VNNI), x is
     rounded to int8 per row too and the int8 sums run in int32 there; without it x is
     rounded to bfloat16 and torch._weight_int8pack_mm multiplies (PyTorch's threads); it
     reads the inputs in blocks of 16, so a width that is not a multiple of 16 gets zero
@@ -208,7 +208,7 @@ def int8_product():
     kernel, why_not = int8_kernel.load()
     if kernel is None:
         return None, f"torch._weight_int8pack_mm (gptkit/fast/int8_kernel.c not used: {why_not})"
-    return kernel, "gptkit/fast/int8_kernel.c on one thread (AVX-512 VNNI)"
+    return kernel, f"gptkit/fast/int8_kernel.c on one thread ({kernel.isa})"
 
 
 def swap_linears(model, weights, note):

@@ -1,5 +1,5 @@
 """gptkit/fast/int8_kernel.c, compiled for this CPU on first use and called through ctypes:
-the int8 products of cpu_linears.Int8Linear on a CPU with AVX-512 VNNI.
+the int8 products of cpu_linears.Int8Linear on a CPU with AVX2, AVX-VNNI or AVX-512 VNNI.
 
     kernel, why_not = int8_kernel.load()   # (the library, None) or (None, one line why not)
 
@@ -8,11 +8,13 @@ torch._int_mm, oneDNN's prepacked qlinear, an inductor-compiled reduction) all r
 near float16's speed on this project's CPUs (BENCHMARKS.md's route table): they read
 a quarter of the bytes but spend the time saved converting them. The C file is the
 product written out with the instruction made for it (vpdpbusd: 64 byte products a
-step), ~60 lines.
+step; on AVX2, vpmaddubsw and vpmaddwd: 32 a step), ~90 lines.
 
 The library is built once per source, compiler and CPU with `$CC` (default `cc`)
-`-O3 -march=native` into gptkit's cache folder (gptkit/ops/paths.py's cache_dir:
-$GPTKIT_CACHE_DIR/int8_kernel, default ~/.cache/gptkit/int8_kernel). Loading a library
+`-O3 -march=native` (`$GPTKIT_INT8_ARCH` replaces `-march=native`: `-march=x86-64-v3`
+builds the AVX2 path on any newer CPU, as an AVX2 laptop runs it) into gptkit's cache
+folder (gptkit/ops/paths.py's cache_dir: $GPTKIT_CACHE_DIR/int8_kernel, default
+~/.cache/gptkit/int8_kernel). Loading a library
 runs its code, so a cached one is checked before it is loaded:
 
     the folder    a folder of this user's that no one else can write (not group- or
@@ -28,7 +30,7 @@ loads it). A failed or hung build (past BUILD_SECONDS, the compiler's whole proc
 group killed) is remembered in int8_kernel-<key>.failed, so that the next process does
 not wait again: the line says to remove that file to try again (a new compiler or
 source is another key, tried afresh). Whatever goes wrong, `load` says why in one line
-and Int8Linear keeps torch._weight_int8pack_mm; so does a CPU without AVX-512 VNNI.
+and Int8Linear keeps torch._weight_int8pack_mm; so does a CPU without AVX2.
 The kernel runs on one thread; with more torch threads Int8Linear uses PyTorch's
 threaded product.
 """
@@ -55,11 +57,16 @@ except ImportError:  # Windows: no flock; builds are then not serialised
     fcntl = None
 
 SOURCE = Path(__file__).with_name("int8_kernel.c")
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-shared", "-fPIC"]
 BUILD_SECONDS = 120
 LOCK_NAME = ".int8_kernel.lock"
 LOCK_MARGIN_SECONDS = 10  # waited past another process's BUILD_SECONDS before giving up on its lock
 MISSING = "is not built yet"  # unverified()'s word for a first build: no line on stderr
+# kernel_isa()'s answer: the instructions the library was built for, and the /proc/cpuinfo
+# flags this CPU must have to run it (a library built with $GPTKIT_INT8_ARCH for more than
+# the CPU has would stop the process at its first instruction).
+ISAS = {3: ("AVX-512 VNNI", {"avx512f", "avx512bw", "avx512_vnni"}), 2: ("AVX-VNNI", {"avx2", "avx_vnni"}),
+        1: ("AVX2", {"avx2"})}
 
 
 class NotUsed(Exception):
@@ -83,7 +90,8 @@ def cpu_flags():
 
 @functools.cache
 def load():
-    """(the ctypes library, None) where the kernel is built and this CPU has VNNI, else (None, why)."""
+    """(the ctypes library, None) where the kernel is built and this CPU runs it, else (None, why).
+    The library's `isa` names the instructions it uses (AVX-512 VNNI, AVX-VNNI or AVX2)."""
     try:
         return checked_kernel(), None
     except NotUsed as e:
@@ -92,19 +100,25 @@ def load():
 
 def checked_kernel():
     """The kernel's library, verified (or built) in the cache folder and loaded; NotUsed why not."""
-    compiler = compiler_command()
+    compiler, arch = command_from("CC", "cc"), command_from("GPTKIT_INT8_ARCH", "-march=native")
     try:
         source = SOURCE.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise NotUsed(f"{shown(SOURCE)} cannot be read ({getattr(e, 'strerror', None) or e})")
-    key = hashlib.sha256("\0".join([source, *compiler, *FLAGS, cpu_flags()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source, *compiler, *arch, *FLAGS, cpu_flags()]).encode()).hexdigest()[:16]
     folder = private_folder()
     library = folder / f"int8_kernel-{key}.so"
     with build_lock(folder):
-        make_ready(compiler, library)
+        make_ready(compiler, arch, library)
         kernel = open_library(library)
-    if not kernel.has_vnni():
-        raise NotUsed("this CPU has no AVX-512 VNNI")
+    isa = kernel.kernel_isa()
+    if isa not in ISAS:
+        raise NotUsed(f"this CPU has no AVX2 (the library was built with {shlex.join(arch)})")
+    name, needs = ISAS[isa]
+    missing = needs - set(cpu_flags().split())
+    if missing:
+        raise NotUsed(f"built with {shlex.join(arch)} for {name}, which this CPU lacks ({', '.join(sorted(missing))})")
+    kernel.isa = name
     pointer = ctypes.c_void_p
     kernel.int8_linear.restype = ctypes.c_int
     kernel.int8_linear.argtypes = [pointer, ctypes.c_int, ctypes.c_int, pointer, pointer, pointer, pointer,
@@ -112,12 +126,12 @@ def checked_kernel():
     return kernel
 
 
-def compiler_command():
-    """$CC as a command (default `cc`)."""
+def command_from(variable, default):
+    """$variable split as a shell would ($CC, $GPTKIT_INT8_ARCH), else `default`."""
     try:
-        return shlex.split(os.environ.get("CC") or "cc")
+        return shlex.split(os.environ.get(variable) or default)
     except ValueError as e:
-        raise NotUsed(f"$CC is not a command ({e})")
+        raise NotUsed(f"${variable} cannot be split into words ({e})")
 
 
 def private_folder():
@@ -181,7 +195,7 @@ def build_lock(folder):
             os.close(fd)  # drops the lock
 
 
-def make_ready(compiler, library):
+def make_ready(compiler, arch, library):
     """Leave `library` verified: built if missing, rebuilt (one line on stderr) if it fails
     its check; NotUsed where a build failed, now or before (remembered), or cannot be made."""
     failed = library.with_suffix(".failed")
@@ -193,7 +207,7 @@ def make_ready(compiler, library):
     if why is None:
         return
     try:
-        build(compiler, library, failed)
+        build(compiler, arch, library, failed)
     except NotUsed as e:
         raise NotUsed(str(e) if why == MISSING else f"the cached {shown(library)} {why}, and {e}")
     if why != MISSING:
@@ -228,14 +242,14 @@ def sha256(path):
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def build(compiler, library, failed):
+def build(compiler, arch, library, failed):
     """Compile SOURCE into `library` and record its sha256 beside it, both written beside and
     renamed; NotUsed why not (a compiler's failure or hang is remembered in `failed`)."""
     tmp, record = temp_path(library), library.with_suffix(".sha256")
     record_tmp, named = temp_path(record), f"`{shlex.join(compiler)}`"
     try:
         tmp.touch(mode=0o600)  # a folder we cannot write says so here, not as a compiler's failure
-        status, errors = run_compiler([*compiler, *FLAGS, str(SOURCE), "-o", str(tmp), "-lm"])
+        status, errors = run_compiler([*compiler, *arch, *FLAGS, str(SOURCE), "-o", str(tmp)])
         if status != 0 or tmp.stat().st_size == 0:
             first = (errors.strip().splitlines() or ["no message" if status else "it wrote nothing"])[0]
             remember(failed, f"{named} failed to build it ({first})")
@@ -286,7 +300,7 @@ def open_library(library):
     """The verified library loaded, holding both functions the kernel has; NotUsed why not."""
     try:
         kernel = ctypes.CDLL(str(library))
-        kernel.has_vnni, kernel.int8_linear
+        kernel.kernel_isa, kernel.int8_linear
     except OSError as e:
         raise NotUsed(f"{shown(library)} does not load ({e})")
     except AttributeError as e:
