@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -676,3 +677,22 @@ def test_no_compiler_is_one_line_and_not_remembered(tmp_path, monkeypatch, compi
     else:
         assert said == f"no compiler `{compiler}` ({why}): install one, or name it in $CC"
         assert sorted(p.name for p in (tmp_path / "int8_kernel").iterdir()) == [".int8_kernel.lock"]
+
+
+def test_a_hung_build_ends_with_all_the_compiler_started(tmp_path, monkeypatch):
+    """Past BUILD_SECONDS the compiler's whole process group is killed (cc1, as, ld), not only
+    the driver: nothing of it is left running, nor holding its output open to be waited for."""
+    group = tmp_path / "group"
+    monkeypatch.setattr(int8_kernel, "BUILD_SECONDS", 1)
+    monkeypatch.setenv("CC", f"sh -c 'echo $$ > {group}; sleep 30 & sleep 30' --")
+    start = time.monotonic()
+    with fresh_cache(tmp_path / "cache"):
+        assert "did not finish building it in 1 s" in int8_kernel.load()[1]
+    assert time.monotonic() - start < 15  # not the 30 s its children would hold the pipes open
+    pgid, alive = int(group.read_text()), []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()  # after "pid (name)": state, ppid, pgrp
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                alive.append(stat_file.parent.name)
+    assert alive == []
