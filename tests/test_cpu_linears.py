@@ -479,6 +479,18 @@ def test_a_cached_library_that_fails_its_check_is_rebuilt_with_one_line(built, t
         [".int8_kernel.lock", library.name, record.name])
 
 
+def test_a_killed_build_s_temporary_files_are_removed_by_the_next(built, tmp_path):
+    folder, library, _ = cache_copy(built, tmp_path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid no process has now: a build killed with kill -9
+    left = [folder / f".{library.name}.tmp-{dead.pid}", folder / f".{library.stem}.sha256.tmp-{dead.pid}"]
+    for path in left:
+        path.write_bytes(b"half a library")
+    with fresh_cache(tmp_path):
+        kernel_works_or_says_no_avx2(*int8_kernel.load())
+    assert not any(path.exists() for path in left)
+
+
 def test_a_verified_library_without_the_kernel_s_functions_is_refused_in_one_line(built, tmp_path, capfd):
     """A foreign library with a record that matches it (written by this user, by hand): loaded,
     it lacks kernel_isa and int8_linear: one line, torch's product, no AttributeError."""

@@ -49,6 +49,7 @@ import sys
 import time
 from pathlib import Path
 
+from gptkit.ops.lock import remove_stale_temps
 from gptkit.ops.paths import cache_dir, shown, temp_path
 
 try:
@@ -189,6 +190,7 @@ def build_lock(folder):
                         raise NotUsed(f"another process has held {shown(folder / LOCK_NAME)} for over "
                                       f"{waited} s (a build that does not end): not waiting longer")
                     time.sleep(0.05)
+            remove_stale_temps(folder)  # a build killed midway (kill -9) leaves its temporary files
         yield
     finally:
         if fd is not None:
