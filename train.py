@@ -455,7 +455,7 @@ def run(model_cfg, cfg, dist, start_time):
         log.close()
         batches.close()
     if dist.is_main and not cfg.eval_only:
-        logger.print_done(state, out_dir, start_time)
+        logger.print_done(state, out_dir, start_time, schedule.end_note(state))
     return 0
 
 

@@ -4,8 +4,8 @@
     python eval.py out-chat --tasks chat --json card.json
     python eval.py out-a out-b --tasks arc_easy,piqa --task_file arc_easy=ARC-Easy-test.parquet
 
-Each task is one file of its publisher (a Hugging Face Hub dataset, or HellaSwag's
-GitHub file), read with the field names it has there, and each item becomes:
+Each task is one file of its publisher on the Hugging Face Hub (the copy
+lm-evaluation-harness reads), read with the field names it has there, and each item becomes:
 
     pairs     for a base model: one (context, continuation) per answer, as
               lm-evaluation-harness writes the task (its task yaml's doc_to_text,
@@ -29,12 +29,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gptkit.evals import hellaswag
 from gptkit.ops.errors import UserError
 from gptkit.ops.paths import cache_dir
 
 HUB_URL = "https://huggingface.co"
-LETTERS = "ABCDEFGHIJ"
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # a chat model answers a multiple-choice item by letter
 
 
 @dataclass
@@ -52,13 +51,11 @@ class Task:
     name: str
     title: str
     kind: str  # "choice" (multiple choice), "word" (LAMBADA's last word), "number" (GSM8K)
-    repo: str | None  # the Hub dataset; None for HellaSwag's GitHub file
-    file: str  # the file in that repository (or HellaSwag's file name)
+    repo: str  # the Hub dataset
+    file: str  # the file in that repository
     headline: str  # the metric the report card shows: "acc" or "acc_norm" (as lm-eval reports it)
 
     def url(self, hub_url=None):
-        if self.repo is None:
-            return hellaswag.URL
         base = (hub_url or os.environ.get("HF_ENDPOINT") or HUB_URL).rstrip("/")
         return f"{base}/datasets/{self.repo}/resolve/main/{self.file}"
 
@@ -70,7 +67,7 @@ TASKS = {t.name: t for t in (
     Task("piqa", "PIQA", "choice", "baber/piqa", "piqa_validation.parquet", "acc_norm"),  # lm-eval's copy
     Task("winogrande", "Winogrande", "choice", "allenai/winogrande", "winogrande_xl/validation-00000-of-00001.parquet",
          "acc"),
-    Task("hellaswag", "HellaSwag", "choice", None, hellaswag.FILE_NAME, "acc_norm"),
+    Task("hellaswag", "HellaSwag", "choice", "Rowan/hellaswag", "data/validation-00000-of-00001.parquet", "acc_norm"),
     Task("mmlu", "MMLU", "choice", "cais/mmlu", "all/test-00000-of-00001.parquet", "acc"),
     Task("lambada", "LAMBADA", "word", "EleutherAI/lambada_openai", "data/lambada_test_en.jsonl", "acc"),
     Task("gsm8k", "GSM8K", "number", "openai/gsm8k", "main/test-00000-of-00001.parquet", "acc"),
@@ -121,8 +118,6 @@ def resolve_file(task, given=None, hub_url=None):
         if not given.is_file():
             raise UserError(f"{task.title} file {given} is not a file: pass {task.file.rsplit('/', 1)[-1]}")
         return given
-    if task.name == "hellaswag":  # the cache --hellaswag download fills
-        return hellaswag.resolve_file("download")
     from gptkit.interop.hf_gpt2 import DownloadFailed, download_file
 
     path = cache_dir("tasks") / task.name / task.file.rsplit("/", 1)[-1]
@@ -244,6 +239,21 @@ def mmlu(row, where):
     return item
 
 
+def hellaswag(row, where):
+    """The Hub's rows (lm-eval's copy) or the authors' hellaswag_val.jsonl: the context,
+    then " " + each of the four endings, as llm.c and lm-eval's completion form score it."""
+    ctx = _text(row, "ctx", where)
+    endings = row.get("endings")
+    if not (isinstance(endings, list) and len(endings) == 4 and all(isinstance(e, str) and e for e in endings)):
+        raise UserError(f'{where}: "endings" must be a list of 4 non-empty strings')
+    label = row.get("label")
+    if isinstance(label, str) and label.isdigit():  # the Hub's copy writes it as a string
+        label = int(label)
+    if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < 4:
+        raise UserError(f'{where}: "label" must be 0, 1, 2 or 3, not {label!r}')
+    return _choice_item(where, ctx, endings, label, ctx)
+
+
 def lambada(row, where):
     text = _text(row, "text", where)
     context, _, word = text.rpartition(" ")
@@ -280,16 +290,12 @@ def normal_number(text):
     return number
 
 
-READERS = {"arc_easy": arc, "arc_challenge": arc, "piqa": piqa, "winogrande": winogrande, "mmlu": mmlu,
-           "lambada": lambada, "gsm8k": gsm8k}
+READERS = {"arc_easy": arc, "arc_challenge": arc, "piqa": piqa, "winogrande": winogrande, "hellaswag": hellaswag,
+           "mmlu": mmlu, "lambada": lambada, "gsm8k": gsm8k}
 
 
 def read_task(task, path, limit=None):
     """The items of `task` from its publisher's file at `path` (the first `limit`)."""
-    if task.name == "hellaswag":
-        items = [_choice_item(f"{path}, line {it['line']}", it["ctx"], it["endings"], it["label"], it["ctx"])
-                 for it in hellaswag.read_items(path)]
-        return items[:limit]
     reader, items = READERS[task.name], []
     for number, row in read_rows(path):
         kind = "line" if path.suffix != ".parquet" else "row"
