@@ -145,3 +145,23 @@ def test_a_mirror_that_is_not_http_is_refused(address, tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"^could not download PIQA from .*not an http\(s\) address: refused"):
         tasks.resolve_file(tasks.TASKS["piqa"], hub_url=address)
     assert not any((tmp_path / "cache" / "tasks" / "piqa").iterdir())
+
+
+def test_prepare_py_ends_a_refused_download_with_exit_2(tmp_path, monkeypatch, capsys):
+    """What the user sees: prepare.py shakespeare_char, its download redirected to ftp:, exits 2 with
+    one line, and leaves no data/ folder behind."""
+    import prepare
+    from gptkit.ops.errors import run_main
+
+    hub = FakeHub(tmp_path / "hub").start()
+    hub.redirect_to = ("/", "ftp://127.0.0.1:9/input.txt")
+    monkeypatch.delenv("TINYSHAKESPEARE", raising=False)
+    monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_URL", f"{hub.url}/input.txt")
+    try:
+        with pytest.raises(SystemExit) as info:
+            run_main(prepare.main, ["shakespeare_char", "--data_dir", str(tmp_path / "data"), "--quiet"])
+    finally:
+        hub.stop()
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and err.startswith("error: could not download"), err
+    assert not (tmp_path / "data").exists()
