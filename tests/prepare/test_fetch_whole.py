@@ -116,6 +116,10 @@ MISBEHAVIOURS = {  # name: (what the server does to the site's file, what the er
     "truncated body": (lambda hub, path, mp: hub.cut_once.update({path: 1000}),
                        r"the connection closed after 1,000 of its 5,120 bytes"),
     "5xx": (lambda hub, path, mp: hub.status_once.update({path: 503}), r"HTTP 503 Service Unavailable"),
+    "redirect loop": (lambda hub, path, mp: setattr(hub, "redirect_to", ("/datasets/", f"{hub.url}/datasets/x")),
+                      r"HTTP 302 .*infinite loop"),
+    "compressed body": (lambda hub, path, mp: setattr(hub, "encoding", "gzip"),
+                        r"Content-Encoding 'gzip', not the file's own bytes: refused"),
     "trickle": (slow, r"bytes in the last 0\.2 s: too slow"),
 }
 
