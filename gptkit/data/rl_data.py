@@ -27,6 +27,7 @@ from pathlib import Path
 from gptkit.data.chat import check_conversation
 from gptkit.ops.errors import UserError
 from gptkit.ops.paths import cache_dir
+from gptkit.prepare.download import fetch_whole
 from gptkit.prepare.arithmetic import SEED, held_out_sums
 
 MAX_FILE_BYTES = 1 << 30
@@ -55,23 +56,18 @@ def arithmetic_prompts(split):
 
 # GSM8K as its authors publish it (the grade-school-math repository): one jsonl per split.
 GSM8K_URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{split}.jsonl"
+GSM8K_BYTES = 100 << 20  # the most a download may bring (train.jsonl has about 4 MB)
 
 
 def gsm8k_file(split):
     """GSM8K's `split` (train or test) file, downloaded once into the cache folder."""
-    from gptkit.interop.hf_gpt2 import DownloadFailed, download_file
-
     folder = cache_dir("gsm8k")
     path = folder / f"{split}.jsonl"
     if path.is_file():
         return path
     folder.mkdir(parents=True, exist_ok=True)
-    url = GSM8K_URL.format(split=split)
-    try:
-        download_file(url, path)
-    except DownloadFailed as e:
-        raise UserError(f"could not download GSM8K from {url} ({e.__cause__}). Offline? Fetch "
-                        f"{split}.jsonl elsewhere and pass it as --task (train) or --eval_task (test)")
+    fetch_whole(GSM8K_URL.format(split=split), path, GSM8K_BYTES, "GSM8K", hint=(
+        f". Offline? Fetch {split}.jsonl elsewhere and pass it as --task (train) or --eval_task (test)"))
     return path
 
 
