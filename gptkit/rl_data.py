@@ -6,7 +6,7 @@ chosen and a rejected reply (DPO), each read whole and checked before any work.
 
 Prompts: `arithmetic` (the held-out sums of data/arithmetic_chat's val split are the
 evaluation's, the others the training's), `gsm8k` (GSM8K's train and test files,
-downloaded once into $GPTKIT_CACHE_DIR/gsm8k or ~/.cache/gptkit/gsm8k), or a jsonl file,
+read and downloaded as eval.py --tasks gsm8k reads them, gptkit/tasks.py), or a jsonl file,
 one prompt a line, as
 `{"prompt": "What is 2+2?", "answer": "4"}` or `{"messages": [...], "answer": "4"}`;
 GSM8K's own layout `{"question": ..., "answer": "... #### 72"}` is read too (the
@@ -20,13 +20,12 @@ Pairs, in the layouts TRL and the Hugging Face datasets use:
 
 import json
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gptkit import tasks
 from gptkit.chat import check_conversation
 from gptkit.errors import UserError
-from gptkit.paths import cache_dir
 from gptkit.prepare.arithmetic import SEED, held_out_sums
 
 MAX_FILE_BYTES = 1 << 30
@@ -53,34 +52,17 @@ def arithmetic_prompts(split):
             for a, b in (held if split == "val" else seen)]
 
 
-# GSM8K as its authors publish it (the grade-school-math repository): one jsonl per split.
-GSM8K_URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{split}.jsonl"
-
-
-def gsm8k_file(split):
-    """GSM8K's `split` (train or test) file, downloaded once into the cache folder."""
-    from gptkit.interop.hf_gpt2 import DownloadFailed, download_file
-
-    folder = cache_dir("gsm8k")
-    path = folder / f"{split}.jsonl"
-    if path.is_file():
-        return path
-    folder.mkdir(parents=True, exist_ok=True)
-    url = GSM8K_URL.format(split=split)
-    try:
-        download_file(url, path)
-    except DownloadFailed as e:
-        raise UserError(f"could not download GSM8K from {url} ({e.__cause__}). Offline? Fetch "
-                        f"{split}.jsonl elsewhere and pass it as --task (train) or --eval_task (test)")
-    return path
-
-
 def named_prompts(name, split):
-    """The prompts of a named task's split ("train" or "val"), else of the jsonl file `name`."""
+    """The prompts of a named task's split ("train" or "val"), else of the jsonl file `name`.
+    GSM8K's come from eval.py's reader and download (gptkit/tasks.py): one copy, one rule."""
     if name == "arithmetic":
         return arithmetic_prompts(split)
     if name == "gsm8k":
-        return read_prompts(gsm8k_file("train" if split == "train" else "test"))
+        task = tasks.gsm8k_split("train" if split == "train" else "test")
+        where = "--task" if split == "train" else "--eval_task"
+        path = tasks.resolve_file(task, instead=f"pass a .jsonl of its rows as {where}")
+        return [Prompt([{"role": "user", "content": item.question}], item.gold)
+                for item in tasks.read_task(task, path)]
     return read_prompts(name)
 
 
@@ -121,9 +103,6 @@ def read_prompts(path):
     return read_items(path, "prompts", parse_prompt)
 
 
-GSM8K_MARK = "####"  # GSM8K's answers end with "#### 72"
-
-
 def parse_prompt(obj):
     if not isinstance(obj, dict):
         raise UserError("not a JSON object")
@@ -131,8 +110,8 @@ def parse_prompt(obj):
     if not isinstance(answer, (str, int, float)) or isinstance(answer, bool) or not str(answer).strip():
         raise UserError('no "answer" (the text a right reply must give)')
     answer = str(answer)
-    if GSM8K_MARK in answer:
-        answer = answer.rsplit(GSM8K_MARK, 1)[1]
+    if tasks.ANSWER_MARK in answer:  # GSM8K's layout: the number after "####", as eval.py reads it
+        answer = tasks.gsm8k_gold(answer)
     text = obj.get("prompt", obj.get("question"))
     if isinstance(text, str) and text.strip():
         messages = [{"role": "user", "content": text}]
@@ -192,24 +171,15 @@ def text_of(value, field):
 
 
 # Rewards: a function of the reply's text and the prompt's answer, 1.0 right, 0.0 wrong.
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
 def exact(reply, answer):
     """The reply is the answer (surrounding spaces aside): the arithmetic task."""
     return float(reply.strip() == answer)
 
 
 def final_number(reply, answer):
-    """The reply's last number (after "####" if it writes one, GSM8K's own way) is the
-    answer's: how nanochat and GSM8K's paper score a worked solution."""
-    if GSM8K_MARK in reply:
-        reply = reply.rsplit(GSM8K_MARK, 1)[1]
-    numbers = NUMBER.findall(reply)
-    want = NUMBER.findall(answer)
-    if not numbers or not want:
-        return 0.0
-    return float(numbers[-1].replace(",", "") == want[-1].replace(",", ""))
+    """The reply's last number (after "####" if it writes one) is the answer's: GSM8K's
+    scoring, the very function eval.py --tasks gsm8k scores with (tasks.number_is_right)."""
+    return float(tasks.number_is_right(reply, answer))
 
 
 REWARDS = {"exact": exact, "final_number": final_number}

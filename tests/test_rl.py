@@ -209,6 +209,7 @@ def test_rewards():
     assert rl_data.final_number("so 3+4 = 7 #### 7", "7") == 1.0
     assert rl_data.final_number("1,234 apples", "1234") == 1.0
     assert rl_data.final_number("7 then 8", "7") == 0.0 and rl_data.final_number("none", "7") == 0.0
+    assert rl_data.final_number("7", "no number") == 0.0  # an answer without a number rewards nothing
 
 
 @pytest.mark.parametrize("line, says", [
@@ -351,23 +352,81 @@ def test_two_gloo_ranks_equal_one_process(tmp_path, chat_ckpt):
         r["reward"] for r in records(one, "rl_train")]
 
 
-def test_gsm8k_by_name_downloads_once_from_its_publisher(tmp_path, monkeypatch):
-    """GSM8K's files in its authors' layout, served on 127.0.0.1: read by name, cached, then
-    read offline; a failed download is one line naming the URL and what to pass instead."""
+# Real-looking replies to a question whose GSM8K answer ends "#### <gold>", and whether
+# each is right: currency, commas, decimals, negatives, units, a trailing period, several
+# numbers (the last counts), GSM8K's own "#### N" (what follows it counts).
+GSM8K_REPLIES = [
+    ("She earned $10.00.", "10", True), ("She earned $10.", "10", True),
+    ("10 dollars", "10", True), ("The answer is 10", "10", True), ("It is 10.50 now", "10.5", True),
+    ("so 1,000 apples", "1000", True), ("1,000 + 200 = 1,200", "1200", True),
+    ("1,000 + 200 = 1,200", "1000", False), ("It falls to -3 degrees.", "-3", True),
+    ("It falls 3 degrees.", "-3", False), ("3 + 4 = 7 #### 7", "7", True),
+    ("#### 7 because 3 + 4 = 7 and 8", "7", False), ("3 + 4 = 7 ####", "7", False),
+    ("seven", "7", False), ("", "7", False), ("0.5 of 20 is 10", "10", True),
+    ("He has 12.75 left", "12.75", True), ("$1,205.00 in total", "1205", True),
+]
+
+
+def gsm8k_rows(golds):
+    return [{"question": "What is 2+2?", "answer": f"2 + 2 = <<2+2=4>>4\n#### {gold}"} for gold in golds]
+
+
+def test_the_reward_is_the_evaluation_on_gsm8k_replies(tmp_path, chat_ckpt, monkeypatch):
+    """GSM8K's answer rule is one function: each reply scores the same as rl.py's
+    final_number reward (the answer read from a GSM8K-layout prompt file) and as eval.py
+    --tasks gsm8k (the item read from the same rows, the reply standing in for the model's)."""
+    from gptkit import report_card, task_scoring, tasks
+    from gptkit.evaluation import Settings, load_candidate
+
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in gsm8k_rows(g for _, g, _ in GSM8K_REPLIES)))
+    prompts = rl_data.read_prompts(path)
+    items = tasks.read_task(tasks.TASKS["gsm8k"], path)
+    candidate = load_candidate(str(chat_ckpt))
+    settings = Settings(torch.device("cpu"), torch.float32, progress=False)
+    for (reply, gold, right), prompt, item in zip(GSM8K_REPLIES, prompts, items):
+        monkeypatch.setattr(task_scoring, "generate_greedy", lambda *a, reply=reply: reply)
+        line = report_card.score_task(candidate, tasks.TASKS["gsm8k"], [item], settings)
+        assert line["items"] == 1 and line["acc"] == float(right), reply
+        assert rl_data.final_number(reply, prompt.answer) == float(right), reply
+
+
+@pytest.mark.parametrize("answer", ["4\n####", "4\n####   ", "4 #### four"])
+def test_a_gsm8k_answer_without_its_number_is_one_line_naming_file_and_line(tmp_path, answer):
+    """Nothing (or no number) after "####" would reward a reply that writes no number:
+    refused at load by both readers, naming the file and the line."""
+    from gptkit import tasks
+
+    path = tmp_path / "g.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in gsm8k_rows(["4"]) + [
+        {"question": "What is 2+2?", "answer": answer}]))
+    for read in (rl_data.read_prompts, lambda p: tasks.read_task(tasks.TASKS["gsm8k"], p)):
+        with pytest.raises(rl_data.UserError) as e:
+            read(path)
+        message = str(e.value)
+        assert str(path) in message and ("2:" in message or "line 2" in message)
+        assert "after \"####\", not a number" in message and "\n" not in message
+
+
+def test_gsm8k_by_name_is_eval_pys_download_once(tmp_path, monkeypatch):
+    """GSM8K's files as the Hub serves them, on 127.0.0.1: rl.py's train and test prompts
+    come from eval.py's cache (one download), then offline; a failed download is one
+    line naming the URL and what to pass instead."""
     import functools
     import http.server
     import threading
 
-    served = tmp_path / "served"
-    served.mkdir()
-    for split, (q, a) in (("train", ("Ann has 2 apples and buys 3. How many?", "2 + 3 = 5\n#### 5")),
-                          ("test", ("Bo has 1,000 and spends 1. Left?", "1000 - 1 = 999\n#### 999"))):
-        (served / f"{split}.jsonl").write_text(json.dumps({"question": q, "answer": a}) + "\n")
+    from gptkit import tasks
+    from task_files import write_rows
+
+    served = tmp_path / "hub"
+    for split, gold in (("train", "5"), ("test", "1,000")):
+        task = tasks.gsm8k_split(split)
+        write_rows(served / "datasets" / task.repo / "resolve" / "main" / task.file, gsm8k_rows([gold]))
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/{{split}}.jsonl"
-    monkeypatch.setattr(rl_data, "GSM8K_URL", url)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
     monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path / "cache"))
     try:
         train = rl_data.named_prompts("gsm8k", "train")
@@ -375,9 +434,12 @@ def test_gsm8k_by_name_downloads_once_from_its_publisher(tmp_path, monkeypatch):
     finally:
         server.shutdown()
         server.server_close()
-    assert [p.answer for p in train] == ["5"] and [p.answer for p in held] == ["999"]
-    assert rl_data.final_number("She has 999 left. #### 999", held[0].answer) == 1.0
+    assert [p.answer for p in train] == ["5"] and [p.answer for p in held] == ["1000"]
+    assert held[0].messages == [{"role": "user", "content": "What is 2+2?"}]
+    cached = tasks.resolve_file(tasks.TASKS["gsm8k"])  # eval.py's file: the one rl.py fetched
+    assert cached.parent == tmp_path / "cache" / "tasks" / "gsm8k"
+    assert [it.gold for it in tasks.read_task(tasks.TASKS["gsm8k"], cached)] == ["1000"]
     assert rl_data.named_prompts("gsm8k", "val") == held  # the cached copy, server gone
-    (tmp_path / "cache" / "gsm8k" / "train.jsonl").unlink()
-    with pytest.raises(rl_data.UserError, match=r"could not download GSM8K from http://127\.0\.0\.1"):
+    (cached.parent / tasks.gsm8k_split("train").file.rsplit("/", 1)[1]).unlink()
+    with pytest.raises(rl_data.UserError, match=r"could not download GSM8K from http://127\.0\.0\.1.*--task "):
         rl_data.named_prompts("gsm8k", "train")
