@@ -45,7 +45,7 @@ from gptkit.run_state import provenance, rng_state, set_rng_state
 from gptkit.train import distributed, logger, optim
 from gptkit.train.checkpointer import Checkpointer
 from gptkit.train.out_dir import OutDir
-from train import clip_gradients, set_lr
+from gptkit.train.step import clip_gradients, set_lr
 
 
 @dataclasses.dataclass

@@ -49,6 +49,7 @@ from gptkit.train import settings
 from gptkit.train import setup
 from gptkit.train.checkpointer import Checkpointer, run_info
 from gptkit.train.out_dir import claim_out_dir
+from gptkit.train.step import clip_gradients, set_lr
 from gptkit.train.settings import MAX_SEED
 from model import GPTConfig
 
@@ -218,25 +219,6 @@ def train_step(step, it, lr_scale, stop):
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     return loss, grad_norm, stops > 0
-
-
-def clip_gradients(model, max_norm):
-    """The global gradient norm (all ranks' shards under FSDP), after clipping it to
-    max_norm when max_norm > 0 (the norm returned is the one before clipping)."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if max_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor's total
-
-
-def set_lr(optimizers, scale):
-    """Set every group's rate to its peak rate ("base_lr", from optim.make_optimizers)
-    times `scale`, the schedule's factor (optim.lr_scale): Muon follows AdamW's schedule."""
-    for opt in optimizers:
-        for group in opt.param_groups:
-            group["lr"] = group["base_lr"] * scale
 
 
 class Forward:
