@@ -390,8 +390,8 @@ def run(model_cfg, cfg, dist, start_time):
         logger.trim_metrics(out_dir / "metrics.jsonl", state.iter_num)
     schedule = optim.Schedule(cfg, dev.type)  # to max_iters, or the time_budget if spent first
     mfu = logger.mfu_meter(model_cfg, dist.world_size, dev.name, dist.is_main, dev.dtype)
-    log = logger.Logger(cfg, state, recorded, dist.is_main, schedule, write_files=write,
-                        tokens_per_iter=batches.tokens_per_step(), mfu=mfu)
+    log = logger.Logger(cfg, state, recorded, dist.is_main, schedule, cfg.dataset,
+                        write_files=write, tokens_per_iter=batches.tokens_per_step(), mfu=mfu)
     model.report_fallback_to(log.compile_failed)  # compile fails at the first forward: logged
     if write:
         write_text_atomic(out_dir / "config.json", json.dumps(recorded, indent=2) + "\n")

@@ -35,6 +35,7 @@ MAX_FILE_BYTES = 1 << 30
 class Prompt:
     messages: list  # the conversation so far; the model writes the next assistant turn
     answer: str  # what a right reply says (exact) or ends with (final_number)
+    where: str = ""  # "FILE:LINE" (or the task's item) for an error to name
 
 
 @dataclass
@@ -42,14 +43,27 @@ class Pair:
     messages: list  # the conversation before the two replies
     chosen: str
     rejected: str
+    where: str = ""
 
 
 def arithmetic_prompts(split):
     """The sums of arithmetic_chat as prompts: split "train" (those its training
     conversations ask) or "val" (the held-out ones, in a fixed order)."""
     held, seen = held_out_sums(random.Random(SEED))
-    return [Prompt([{"role": "user", "content": f"What is {a}+{b}?"}], str(a + b))
-            for a, b in (held if split == "val" else seen)]
+    return [Prompt([{"role": "user", "content": f"What is {a}+{b}?"}], str(a + b),
+                   f"arithmetic's {split} sum {n}") for n, (a, b) in enumerate(held if split == "val" else seen, 1)]
+
+
+def arithmetic_pairs(split, seed):
+    """Right vs wrong replies to the sums of arithmetic_chat's split (train or val): the
+    wrong one off by 1 or 10, a near miss as a small model makes."""
+    rng = random.Random(seed)
+    pairs = []
+    for p in arithmetic_prompts(split):
+        right = int(p.answer)
+        wrong = right + rng.choice([d for d in (-10, -1, 1, 10) if right + d >= 0])
+        pairs.append(Pair(p.messages, p.answer, str(wrong), p.where))
+    return pairs
 
 
 def named_prompts(name, split):
@@ -61,7 +75,7 @@ def named_prompts(name, split):
         task = tasks.gsm8k_split("train" if split == "train" else "test")
         where = "--task" if split == "train" else "--eval_task"
         path = tasks.resolve_file(task, instead=f"pass a .jsonl of its rows as {where}")
-        return [Prompt([{"role": "user", "content": item.question}], item.gold)
+        return [Prompt([{"role": "user", "content": item.question}], item.gold, item.where)
                 for item in tasks.read_task(task, path)]
     return read_prompts(name)
 
@@ -92,9 +106,11 @@ def read_items(path, what, parse):
     items = []
     for n, obj in read_jsonl(path, what):
         try:
-            items.append(parse(obj))
+            item = parse(obj)
         except UserError as e:
             raise UserError(f"{path}:{n}: {e}")
+        item.where = f"{path}:{n}"
+        items.append(item)
     return items
 
 
