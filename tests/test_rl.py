@@ -6,6 +6,7 @@ GPT taught the arithmetic template for a few dozen steps (replies of digits and 
 
 import dataclasses
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -258,8 +259,138 @@ def test_a_reward_that_raises_is_one_line_and_writes_nothing(tmp_path, capsys, c
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
+# rl.py's settings that train.py has too, refused as train.py refuses them (the same
+# function, gptkit/train/settings.py), each with the words of train.py's message
+SHARED_REFUSALS = [
+    ({"grad_clip": "-1"}, "grad_clip=-1.0 must be a finite number, not negative"),
+    ({"learning_rate": "-1e-3"}, "learning_rate=-0.001 must be a finite number, not negative"),
+    ({"learning_rate": "nan"}, "learning_rate=nan must be a finite number, not negative"),
+    ({"muon_lr": "inf"}, "muon_lr=inf must be a finite number, not negative"),
+    ({"learning_rate": "0.5", "weight_decay": "2"}, "learning_rate x weight_decay = 1 must be below 1"),
+    ({"beta2": "1"}, "beta2=1.0 must be in [0, 1)"),
+    ({"seed": str(10**22)}, "seed=10000000000000000000000 must be between 0 and"),
+    ({"seed": "-1"}, "seed=-1 must be between 0 and"),
+    ({"lora_rank": "-2"}, "lora_rank=-2 must not be negative"),
+    ({"lora_dropout": "1"}, "lora_dropout=1.0 must be in [0, 1)"),
+]
+
+
+@pytest.mark.parametrize("values, says", SHARED_REFUSALS + [
+    ({"temperature": "nan"}, "temperature=nan must be a number > 0"),
+    ({"temperature": "inf"}, "temperature=inf must be a number > 0"),
+    ({"top_k": "-1"}, "top_k=-1 must be at least 1"),
+    ({"top_k": "0"}, "top_k=0 must be at least 1"),
+    ({"beta": "nan"}, "beta and clip_eps must be numbers > 0"),
+    ({"kl_coef": "inf"}, "kl_coef >= 0"),
+    ({"too_long": "cut"}, "too_long"),
+])
+def test_a_bad_setting_is_one_line_before_anything_is_read(tmp_path, capsys, chat_ckpt, values, says):
+    out = tmp_path / "out"
+    code = run_rl(args(chat_ckpt, out, *(f"--{k}={v}" for k, v in values.items())))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and says in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("values, says", SHARED_REFUSALS)
+def test_train_py_refuses_the_shared_settings_alike(values, says):
+    """The rule is train.py's own: TrainConfig refuses each in the same words."""
+    from train import TrainConfig
+
+    typed = {k: type(getattr(TrainConfig(), k))(v) for k, v in values.items()}
+    with pytest.raises(ValueError, match=re.escape(says)):
+        TrainConfig(**typed)
+
+
+def test_every_settings_help_is_one_line_of_source():
+    """A help text split over lines wraps into orphan fragments ("a ", "also "): each is one."""
+    import ast
+
+    split = [f"rl.py:{node.lineno}" for node in ast.walk(ast.parse((REPO / "rl.py").read_text()))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setting"
+             and node.args[1].lineno != node.args[1].end_lineno]
+    assert split == []
+
+
+def long_prompt_files(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt": "What is 1+1?", "answer": "2"}\n')
+    long = tmp_path / "long.jsonl"
+    long.write_text('{"prompt": "What is 1+1?", "answer": "2"}\n'
+                    + json.dumps({"prompt": "What is " + "1+" * 20 + "1?", "answer": "21"}) + "\n")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": "What is 1+1?", "chosen": "2", "rejected": "3"}) + "\n"
+                     + json.dumps({"prompt": "What is " + "1+" * 20 + "1?", "chosen": "21",
+                                   "rejected": "22"}) + "\n")
+    return good, long, pairs
+
+
+@pytest.mark.parametrize("method", ["grpo", "dpo"])
+def test_a_prompt_or_pair_past_the_block_is_refused_or_cropped(tmp_path, capsys, chat_ckpt, method):
+    """Block 32: a prompt of 50 characters is refused in one line naming its file and
+    line (exit 2, nothing written), or with --too_long=crop trains on its last tokens."""
+    good, long, pairs = long_prompt_files(tmp_path)
+    data = ([f"--task={long}", f"--eval_task={good}"] if method == "grpo" else
+            ["--method=dpo", f"--pairs={pairs}", f"--eval_pairs={pairs}", "--pairs_per_step=2"])
+    out = tmp_path / "refused"
+    assert run_rl(args(chat_ckpt, out, *data, "--max_iters=2")) == 2
+    err = capsys.readouterr().err.strip()
+    where = f"{long if method == 'grpo' else pairs}:2: "
+    assert err.startswith(f"error: {where}") and "block of 32" in err and len(err.splitlines()) == 1
+    assert not (out / "ckpt.pt").exists() and not (out / "metrics.jsonl").exists()
+    out = tmp_path / "cropped"
+    assert run_rl(args(chat_ckpt, out, *data, "--max_iters=2", "--too_long=crop")) == 0
+    printed = capsys.readouterr().out
+    assert f"too_long=crop: 1 prompts or pairs lose their oldest tokens" in printed and where[:-2] in printed
+    assert len(records(out, "rl_train")) == 2
+
+
+def test_a_reply_longer_than_the_block_is_refused_even_cropping(tmp_path, capsys, chat_ckpt):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": "What is 1+1?", "chosen": "2" * 40, "rejected": "3"}) + "\n")
+    assert run_rl(args(chat_ckpt, tmp_path / "out", "--method=dpo", f"--pairs={pairs}", "--too_long=crop")) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{pairs}:1: " in err and "shorten it" in err and len(err.splitlines()) == 1
+    assert run_rl(args(chat_ckpt, tmp_path / "out2", "--max_new_tokens=40", "--too_long=crop")) == 2
+    assert "max_new_tokens (40)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["task", "eval_task", "pairs"])
+def test_a_character_outside_the_vocabulary_names_file_and_line(tmp_path, capsys, chat_ckpt, where):
+    good, _, _ = long_prompt_files(tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    if where == "pairs":
+        bad.write_text(json.dumps({"prompt": "What is 1+1?", "chosen": "2", "rejected": "3"}) + "\n"
+                       + json.dumps({"prompt": "What is 1+1?", "chosen": "2", "rejected": "3%"}) + "\n")
+        data = ["--method=dpo", f"--pairs={bad}"]
+    else:
+        bad.write_text('{"prompt": "What is 1+1?", "answer": "2"}\n{"prompt": "What is 1%1?", "answer": "0"}\n')
+        data = [f"--task={bad}", f"--eval_task={good}"] if where == "task" else [f"--eval_task={bad}"]
+    out = tmp_path / "out"
+    assert run_rl(args(chat_ckpt, out, *data)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {bad}:2: ") and "'%'" in err and len(err.splitlines()) == 1
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_resuming_after_a_kill_keeps_every_record_of_rl_pys_kinds(tmp_path, chat_ckpt):
+    """A run killed after its checkpoint at step 2 (the kill leaves a step-2 record and a
+    cut line behind), resumed to step 4: its metrics.jsonl reads as the run never killed,
+    the evaluation at step 2 (written before that checkpoint) kept."""
+    cut, whole = tmp_path / "cut", tmp_path / "whole"
+    assert run_rl(args(chat_ckpt, cut, "--max_iters=2", "--lr_decay=false")) == 0
+    with open(cut / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "rl_train", "iter": 2, "loss": 9.0}) + "\n" + '{"kind": "rl_ev')
+    assert run_rl(args(chat_ckpt, cut, "--max_iters=4", "--lr_decay=false")[1:] + ["--init_from=resume"]) == 0
+    assert run_rl(args(chat_ckpt, whole, "--max_iters=4", "--lr_decay=false")) == 0
+    for kind in ("rl_eval", "rl_train"):
+        drop = lambda rs: [{k: v for k, v in r.items() if k not in ("ms_per_iter", "train_cpu_s")} for r in rs]
+        assert drop(records(cut, kind)) == drop(records(whole, kind))
+    assert [r["iter"] for r in records(cut, "rl_eval")] == [0, 2, 4]
+
+
 # --------------------------------------------------------------------------- runs
-def test_dpo_raises_the_margin_of_its_pairs(tmp_path, chat_ckpt):
+def test_dpo_raises_the_margin_of_its_pairs(tmp_path, chat_ckpt, capsys):
     """DPO on a few pairs (right vs wrong sums), every step all of them: the margin against
     the reference (0 before any step: the policy is the reference) and the share of pairs
     ranked right rise, the loss falls below log 2."""
@@ -275,6 +406,10 @@ def test_dpo_raises_the_margin_of_its_pairs(tmp_path, chat_ckpt):
     assert last["margin"] > 0.2 and last["pair_accuracy"] >= 0.75
     losses = [r["loss"] for r in records(out, "rl_train")]
     assert losses[0] == pytest.approx(0.6931, abs=1e-3) and losses[-1] < 0.6
+    printed = capsys.readouterr().out.splitlines()
+    steps = [line for line in printed if line.startswith("step ")]
+    assert len(steps) == 8 and not any("reward" in line for line in steps)  # DPO samples none
+    assert f"the trained model: pass@1 {last['pass1']:.4f}, held-out margin {last['margin']:.4f}" in printed[-1]
 
 
 def test_lora_run_saves_adapters_and_its_reference_is_the_start(tmp_path, chat_ckpt):
