@@ -660,6 +660,7 @@ def run(cfg, data, dist, device):
     """Set up, then the loop: evaluate (and save) every eval_interval steps, one update a step."""
     start_time = time.monotonic()
     out_dir = Path(cfg.out_dir)
+    torch.manual_seed(cfg.seed)  # LoRA's new adapters and dropout: the same on every rank and run
     model, chat, ckpt, start = load_start(cfg)
     cropped = check_lengths(chat, data, cfg)  # a bad item: one line, before anything is written
     model.to(device).train()
