@@ -18,7 +18,6 @@ greedy replies (temperature 0) to held-out prompts and the mean reward of sample
 and torchrun behave as train.py's (docs/rl.md).
 """
 
-import copy
 import dataclasses
 import json
 import math
@@ -38,10 +37,10 @@ from gptkit.checkpoint import load_checkpoint, write_text_atomic
 from gptkit.chat import prompt_ids, turn_ids
 from gptkit.config import parse_settings, setting, settings_dict, choice_problems
 from gptkit.device import resolve_device
-from gptkit.errors import RunFailed, UserError, run_main, same_on_every_rank
+from gptkit.errors import UserError, run_main, same_on_every_rank
 from gptkit.generate import generate_stream, turn_marker
 from gptkit.loading import adapted_model, checkpoint_of, model_from_checkpoint, read_checkpoint
-from gptkit.run_state import provenance, rng_state, set_rng_state
+from gptkit.run_state import provenance, set_rng_state
 from gptkit.train import distributed, logger, optim, settings
 from gptkit.train.checkpointer import Checkpointer
 from gptkit.train.out_dir import OutDir

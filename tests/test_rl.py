@@ -295,11 +295,11 @@ def test_a_bad_setting_is_one_line_before_anything_is_read(tmp_path, capsys, cha
 @pytest.mark.parametrize("values, says", SHARED_REFUSALS)
 def test_train_py_refuses_the_shared_settings_alike(values, says):
     """The rule is train.py's own: TrainConfig refuses each in the same words."""
-    from train import TrainConfig
+    import train
 
-    typed = {k: type(getattr(TrainConfig(), k))(v) for k, v in values.items()}
+    typed = {k: type(getattr(train.TrainConfig(), k))(v) for k, v in values.items()}
     with pytest.raises(ValueError, match=re.escape(says)):
-        TrainConfig(**typed)
+        train.TrainConfig(**typed)
 
 
 def test_every_settings_help_is_one_line_of_source():
