@@ -1,4 +1,4 @@
-"""gptkit/cpu_linears.py: the faster products swapped into model.py's built model on a CPU.
+"""gptkit/fast/cpu_linears.py: the faster products swapped into model.py's built model on a CPU.
 Each part against the nn.Linear it replaces and the whole model against model.py's float32
 logits for every architecture variant (float32: equal to rounding; float16 and int8: the top
 token and a logit tolerance), the same Parameters kept, a part that computes something else
@@ -15,8 +15,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gptkit import cpu_linears, int8_kernel
-from gptkit.generate import cached_logits, generate_stream, prepare_for_generating
+from gptkit.fast import cpu_linears
+
+from gptkit.fast import int8_kernel
+from gptkit.generation.generate import cached_logits, generate_stream, prepare_for_generating
 from model import GPT, GPTConfig
 from repo import REPO
 from test_sample import CHARS, save_tiny
@@ -182,7 +184,7 @@ def test_a_model_py_that_reads_a_linear_as_the_parts_do_not_allow_gets_nn_linear
 
     mlp.forward = edited
     header = prepare_for_generating(model, "float32", CPU, note=said.append)
-    assert said == ["decode: gptkit/cpu_linears.py's parts put back to nn.Linear (c_fc is not an nn.Linear): "
+    assert said == ["decode: gptkit/fast/cpu_linears.py's parts put back to nn.Linear (c_fc is not an nn.Linear): "
                     "model.py runs as written"]
     assert header == "decode: model.py's forward with its KV cache (no nn.Linear swapped)"
     assert all(type(m) is nn.Linear for m in model.modules() if hasattr(m, "out_features"))
@@ -194,7 +196,7 @@ def test_int8_parts_keep_the_cache_where_their_rounding_moves_the_logits():
     124M's shape (seed 1337) the cached and the whole-context forward, float roundings apart,
     round one value a step apart, ~2% of the logits. Judged with the parts, that read as a
     broken cache: `sample.py --dtype int8` recomputed the context every token, ~10x slower."""
-    from gptkit import generate
+    from gptkit.generation import generate
     from gptkit.serve.server import batch_size_that_runs
 
     torch.manual_seed(1337)
@@ -247,7 +249,7 @@ def sharp(tmp_path_factory):
 def test_sample_py_names_its_parts_and_prints_model_pys_text(sharp):
     default, said = sample(sharp, "--temperature", "0")
     assert default == sample(sharp, "--temperature", "0", "--cpu_decode", "false")[0] and len(default) > 100
-    assert "decode: model.py's forward with its KV cache; 9 nn.Linear replaced by NumPyLinear (gptkit/cpu_linears.py" in said
+    assert "decode: model.py's forward with its KV cache; 9 nn.Linear replaced by NumPyLinear (gptkit/fast/cpu_linears.py" in said
     for weights, part in (("float16", "Float16Linear"), ("int8", "Int8Linear")):
         text, said = sample(sharp, "--temperature", "0", "--dtype", weights)
         assert f"9 nn.Linear replaced by {part}" in said and "Warning" not in said
@@ -260,7 +262,7 @@ def test_int8_without_the_parts_and_off_a_cpu_is_refused_in_one_line(sharp):
     out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
-        "error: --dtype int8 is gptkit/cpu_linears.py's Int8Linear: leave out --cpu_decode false and --compile"]
+        "error: --dtype int8 is gptkit/fast/cpu_linears.py's Int8Linear: leave out --cpu_decode false and --compile"]
 
 
 @pytest.mark.parametrize("block_size", [1, 2])
@@ -274,16 +276,36 @@ def test_a_context_too_short_for_the_check_still_gets_its_parts_and_samples(bloc
 def kernel_or_skip():
     kernel, why_not = int8_kernel.load()
     if kernel is None:
-        pytest.skip(f"gptkit/int8_kernel.c is not used here: {why_not}")
+        pytest.skip(f"gptkit/fast/int8_kernel.c is not used here: {why_not}")
     return kernel
 
 
-@pytest.mark.parametrize("rows, width, bias", [(1, 768, True), (3, 100, False), (2, 3072, True), (1, 64, False)])
-def test_the_int8_kernel_computes_its_formula_written_out(rows, width, bias):
+# Each instruction set's path, built as a CPU of that class builds it (-march=native on one):
+# every path the machine can run is tested here, so an AVX-512 machine tests the AVX2 path too.
+ARCHES = {"native": None, "AVX2": "-march=x86-64-v3", "AVX-VNNI": "-march=x86-64-v3 -mavxvnni"}
+
+
+@pytest.fixture(params=sorted(ARCHES))
+def kernel_of_each_path(request, monkeypatch):
+    if ARCHES[request.param]:
+        monkeypatch.setenv("GPTKIT_INT8_ARCH", ARCHES[request.param])
+    int8_kernel.load.cache_clear()
+    try:
+        kernel = kernel_or_skip()
+        assert request.param in ("native", kernel.isa)  # the path asked for is the path built
+        yield kernel
+    finally:
+        int8_kernel.load.cache_clear()
+
+
+@pytest.mark.parametrize("rows, width, bias", [(1, 768, True), (3, 100, False), (2, 3072, True), (1, 64, False),
+                                               (2, 31, True), (1, 1, False)])
+def test_the_int8_kernel_computes_its_formula_written_out(rows, width, bias, kernel_of_each_path):
     """int8_kernel.c's int8_linear against the same arithmetic in torch: x and W rounded to
     int8 per row (scale max|row| / 127), exact int32 sums, times both scales, plus the bias.
-    Widths not a multiple of 64 exercise the masked tail; several rows share each weight row."""
-    kernel = kernel_or_skip()
+    Widths not a multiple of 64 or 32 exercise each path's tail; several rows share each
+    weight row. On every instruction set the machine runs (AVX-512 VNNI, AVX-VNNI, AVX2)."""
+    kernel = kernel_of_each_path
     generator = torch.Generator().manual_seed(width)
     linear = nn.Linear(width, 40, bias=bias)
     x = torch.randn(rows, width, generator=generator) * 3
@@ -304,7 +326,8 @@ def test_the_int8_kernel_computes_its_formula_written_out(rows, width, bias):
 def test_the_int8_products_are_named_in_the_header_and_fall_back_in_one_line(monkeypatch, tmp_path):
     kernel_or_skip()
     header = prepare_for_generating(model_for("gpt2"), "int8", CPU, note=print)
-    assert header.endswith("; int8 products: gptkit/int8_kernel.c on one thread (AVX-512 VNNI)")
+    kernel = int8_kernel.load()[0]
+    assert header.endswith(f"; int8 products: gptkit/fast/int8_kernel.c on one thread ({kernel.isa})")
     monkeypatch.setenv("CC", "false")  # a compiler that fails: torch's product, said in the header
     monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path))
     int8_kernel.load.cache_clear()
@@ -312,7 +335,7 @@ def test_the_int8_products_are_named_in_the_header_and_fall_back_in_one_line(mon
         model = model_for("gpt2")
         header = prepare_for_generating(model, "int8", CPU, note=print)
         assert header.endswith("; int8 products: torch._weight_int8pack_mm "
-                               "(gptkit/int8_kernel.c not used: `false` failed to build it (no message))")
+                               "(gptkit/fast/int8_kernel.c not used: `false` failed to build it (no message))")
         assert model.transformer.h[0].mlp.c_fc.kernel is None and not list(tmp_path.rglob("*.so*"))
         torch.set_num_threads(2)
         assert cpu_linears.int8_product()[0] is None

@@ -1,5 +1,5 @@
 """serve.py's continuous batching, in process: requests of different lengths and settings
-that join and leave one running batch each get the reply gptkit/generate.py's
+that join and leave one running batch each get the reply gptkit/generation/generate.py's
 generate_samples (sample.py's loop, model.py's plain KVCache, one request alone) gives."""
 
 import dataclasses
@@ -10,9 +10,9 @@ import pytest
 import torch
 from serve_helpers import write_checkpoint
 
-from gptkit import chat_session
-from gptkit.generate import generate_samples
-from gptkit.loading import load_model
+from gptkit.generation import chat_session
+from gptkit.generation.generate import generate_samples
+from gptkit.models.loading import load_model
 from gptkit.serve import api
 from gptkit.serve.worker import Job, Worker
 
@@ -214,6 +214,26 @@ def test_a_steps_events_reach_their_queues_after_it_in_one_wake_up(running_loop)
     assert len(wakes) == 2
 
 
+def test_the_workers_step_holds_back_the_events_of_every_loops_mailbox(running_loop):
+    """Mailboxes.step, which serve.py passes to the Worker as around_step: the events of a
+    step wait for its end in each event loop's mailbox, and the mailbox of a loop is made
+    once (the app asks for it per request)."""
+    import asyncio
+
+    from gptkit.serve.app import Mailboxes
+
+    loop, wakes = running_loop
+    mailboxes = Mailboxes()
+    box = mailboxes.of(loop)
+    assert mailboxes.of(loop) is box
+    queue = asyncio.Queue()
+    with mailboxes.step():
+        box.post(queue, ("text", 0))
+        time.sleep(0.05)
+        assert queue.empty(), "an event reached the loop during the step"
+    assert arrived([queue], [1]) and len(wakes) == 1
+
+
 def test_events_for_a_loop_that_has_closed_are_dropped_quietly():
     import asyncio
 
@@ -297,10 +317,10 @@ def test_a_stream_writes_at_most_once_per_interval_the_first_token_at_once_and_e
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
 def test_model_py_as_written_batches_as_it_runs_alone_for_every_variant_and_part(variant, dtype):
     """serve.py's start-up check passes on model.py as written: every position encoding,
-    norm, MLP and attention, with each of gptkit/cpu_linears.py's parts swapped in; and it
+    norm, MLP and attention, with each of gptkit/fast/cpu_linears.py's parts swapped in; and it
     fails where a row's logits beside others are not its own (a model whose attention
     ignores the padding mask)."""
-    from gptkit.generate import prepare_for_generating
+    from gptkit.generation.generate import prepare_for_generating
     from gptkit.serve.batch import batching_differs
     from model import GPT, GPTConfig
 

@@ -252,7 +252,7 @@ def test_a_connection_flood_past_the_file_limit_leaves_the_server_answering(chec
 ])
 def test_settings_no_client_could_use_are_refused_before_anything_loads(tmp_path, monkeypatch, args, key, says):
     import serve
-    from gptkit.errors import UserError
+    from gptkit.ops.errors import UserError
 
     monkeypatch.delenv("GPTKIT_API_KEY", raising=False)
     if key is not None:

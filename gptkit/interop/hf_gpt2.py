@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from gptkit.atomic import atomic_write
-from gptkit.checkpoint import load_checkpoint
-from gptkit.errors import UserError
+from gptkit.ops.atomic import atomic_write
+from gptkit.ops.checkpoint import load_checkpoint
+from gptkit.ops.errors import UserError
 from model import GPT, GPTConfig, NORM_EPS
 
 HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # 124M, 350M, 774M, 1558M
@@ -41,7 +41,7 @@ class DownloadFailed(Exception):
 
 
 def download_file(url, dest, timeout=30):
-    """Fetch url into dest via a temporary file (gptkit/atomic.py), so that a broken
+    """Fetch url into dest via a temporary file (gptkit/ops/atomic.py), so that a broken
     download never looks complete."""
     def network(call, *args):
         try:

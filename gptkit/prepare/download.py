@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 BLOCK = 1 << 20
 TIMEOUT_S = 60

@@ -14,7 +14,7 @@ in order, to `on_raw` as it goes (after each batch, up to the share of rows done
 so the sha256 in meta.json is the file's own, as for every other input.
 """
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 BATCH_ROWS = 1024  # rows per record batch: a few MB of web text
 BUFFER_BYTES = 1 << 20

@@ -12,8 +12,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from gptkit.atomic import atomic_write
-from gptkit.errors import UserError
+from gptkit.ops.atomic import atomic_write
+from gptkit.ops.errors import UserError
 
 
 # nanoGPT's data/shakespeare_char/prepare.py downloads from this URL; the sha256

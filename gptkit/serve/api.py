@@ -26,7 +26,7 @@ import json
 import secrets
 import time
 
-from gptkit.sampling import MIN_TEMPERATURE, PENALTY_RANGE
+from gptkit.generation.sampling import MIN_TEMPERATURE, PENALTY_RANGE
 
 ROLES = ("system", "user", "assistant")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -170,7 +170,7 @@ def check_messages(value):
 
 def check_common(body, model_name, max_tokens_cap, default_max_tokens, serve_cfg):
     """(Sampling, stream, include_usage, gptkit extras) of a request body; ApiError for a mistake."""
-    from gptkit.sampling import check_sampling_options
+    from gptkit.generation.sampling import check_sampling_options
 
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")

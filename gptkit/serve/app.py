@@ -4,7 +4,7 @@ the uvicorn server that runs it until SIGINT or SIGTERM.
     GET  /                      the chat page (gptkit/serve/page.html)
     GET  /health                {"status": "ok", ...}: no key needed
     GET  /v1/models             the one model served
-    POST /v1/chat/completions   chat models only: the template of gptkit/chat.py
+    POST /v1/chat/completions   chat models only: the template of gptkit/data/chat.py
     POST /v1/completions        any model: a plain continuation of `prompt`
 
 Streams are server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
@@ -147,6 +147,31 @@ class Mailbox:
                 self.wake()
 
 
+class Mailboxes:
+    """One Mailbox per event loop (a test client may run the app in several). The worker is
+    built with `around_step=mailboxes.step` (gptkit/serve/server.py), so each of its steps
+    holds back every loop's events until the step ends."""
+
+    def __init__(self):
+        self.lock, self.by_loop = threading.Lock(), {}
+
+    def of(self, loop):
+        with self.lock:
+            if loop not in self.by_loop:
+                self.by_loop[loop] = Mailbox(loop)
+            return self.by_loop[loop]
+
+    @contextlib.contextmanager
+    def step(self):
+        """Around one step of the worker, in its thread."""
+        with self.lock:
+            boxes = list(self.by_loop.values())
+        with contextlib.ExitStack() as stack:
+            for box in boxes:
+                stack.enter_context(box.step())
+            yield
+
+
 class Events:
     """One job's events, handed from the worker thread to this request's task through
     the loop's Mailbox. Every job ends with a "done" or an "error" event, also when
@@ -266,15 +291,10 @@ class EventStream:
 
 
 def build_app(state):
-    """The Starlette app. `state` holds cfg, worker, tokenizer, model_name, chat (turn ids or None), block_size."""
+    """The Starlette app. `state` holds cfg, worker, tokenizer, model_name, chat (turn ids or None),
+    block_size, and the mailboxes the worker's steps are wrapped in."""
     cfg = state.cfg
-    mailboxes = {}  # one per event loop (a test client may run the app in several)
-
-    def mailbox(loop):
-        if loop not in mailboxes:
-            mailboxes[loop] = Mailbox(loop)
-            state.worker.stepping = mailboxes[loop].step
-        return mailboxes[loop]
+    mailbox = state.mailboxes.of
 
     def authorize(request):
         if not state.api_key:
@@ -319,7 +339,7 @@ def build_app(state):
             body, state.model_name, state.max_tokens, api.COMPLETIONS_DEFAULT_MAX_TOKENS, cfg)
         prompt = api.check_prompt(body)
         n, top = api.check_choices(body, "text")
-        from gptkit.errors import UserError
+        from gptkit.ops.errors import UserError
 
         try:
             ids = state.tokenizer.encode(prompt)

@@ -29,10 +29,12 @@ import traceback
 
 import torch
 
-from gptkit import chat_session, faults
-from gptkit.chat import chat_vocabulary
-from gptkit.errors import UserError, first_line
-from gptkit.generate import TextStream, end_of_text, turn_marker
+from gptkit.generation import chat_session
+
+from gptkit.ops import faults
+from gptkit.data.chat import chat_vocabulary
+from gptkit.ops.errors import UserError, first_line
+from gptkit.generation.generate import TextStream, end_of_text, turn_marker
 from gptkit.serve.batch import Batch, Row
 
 
@@ -71,7 +73,7 @@ CANCELLED = (503, "generation was cut: the server is shutting down or the client
 
 
 class Worker:
-    def __init__(self, model, tokenizer, device, capacity, max_batch=16):
+    def __init__(self, model, tokenizer, device, capacity, max_batch=16, around_step=contextlib.nullcontext):
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.capacity, self.max_batch = capacity, max_batch
         self.cond = threading.Condition()
@@ -86,9 +88,9 @@ class Worker:
         self.delay = faults.token_delay()  # test-only: 0 unless GPT_FAULTS=token_delay=S
         self.plain_stops = end_of_text(tokenizer) + sorted(turns.values())
         self.thread = threading.Thread(target=self._loop, name="generation", daemon=True)
-        # Around each step: serve's app sets its Mailbox.step, so that a step's events go to
+        # Around each step: serve.py passes its Mailboxes.step, so that a step's events go to
         # the HTTP side together, after it (gptkit/serve/app.py says why).
-        self.stepping = contextlib.nullcontext
+        self.around_step = around_step
 
     def start(self):
         self.thread.start()
@@ -156,7 +158,7 @@ class Worker:
             for job in [j for j in self.running if j.cancelled.is_set()]:
                 self._finish(job, "error", CANCELLED)
             if len(self.batch):
-                with self.stepping():
+                with self.around_step():
                     self._step()
                 if self.delay:
                     time.sleep(self.delay)

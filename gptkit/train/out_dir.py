@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from gptkit import dataset
-from gptkit.errors import UserError
-from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
-from gptkit.paths import claim_output
+from gptkit.data import dataset
+from gptkit.ops.errors import UserError
+from gptkit.ops.lock import LOCK_NAME, FolderLock, remove_stale_temps
+from gptkit.ops.paths import claim_output
 from gptkit.train import distributed
-from gptkit import sharded  # the sharded checkpoint's names (not torch's DCP: light)
+from gptkit.ops import sharded  # the sharded checkpoint's names (not torch's DCP: light)
 
 # What makes a checkpoint "this run's" for init_from=auto: the model's settings (not its
 # dropout, nor the vocabulary, which the dataset sets and resume checks, nor the attention

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 import torch
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.interop import hf_gpt2
 from model import GPT, GPTConfig
 

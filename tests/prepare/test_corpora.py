@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import prepare
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.prepare import download
 from hub_server import FakeHub, fineweb_edu_table, openwebtext_table, random_texts
 from repo import REPO

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import prepare
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.prepare import parquet as prepare_parquet
 from gptkit.prepare.sources import iter_documents, resolve_inputs
 from hub_server import random_texts

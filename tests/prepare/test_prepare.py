@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.prepare import build
 from gptkit.prepare import shakespeare as prepare_shakespeare
 from gptkit.prepare import sources as prepare_sources
 from gptkit.prepare.encode import build_tasks, gpt2_cut
-from gptkit.tokenizer import tokenizer_from_dict
+from gptkit.data.tokenizer import tokenizer_from_dict
 import prepare
 from repo import REPO, reset_sigint
 
@@ -460,7 +460,7 @@ def test_peak_memory_does_not_grow_with_input(tmp_path):
 
 
 def test_one_prepare_at_a_time_per_dataset_folder(tmp_path):
-    from gptkit.lock import FolderLock
+    from gptkit.ops.lock import FolderLock
 
     path = tmp_path / "a.txt"
     path.write_text("some text to prepare\n" * 20)

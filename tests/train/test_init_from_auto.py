@@ -4,8 +4,8 @@ out_dir, resume of its own run, and another run's folder refused (docs/distribut
 import pytest
 
 import train
-from gptkit.errors import UserError
-from gptkit.checkpoint import load_checkpoint
+from gptkit.ops.errors import UserError
+from gptkit.ops.checkpoint import load_checkpoint
 from train_helpers import losses_by_iter, read_metrics, tiny_args, write_char_dataset
 
 ARGS = dict(n_layer=1, n_embd=16, block_size=16, max_iters=6, eval_interval=3, lr_decay_iters=6)
@@ -38,7 +38,7 @@ def test_auto_trains_from_scratch_then_resumes_its_own_run_and_refuses_another(t
 
 
 def test_a_second_job_on_a_live_out_dir_is_still_refused(tmp_path):
-    from gptkit.lock import FolderLock
+    from gptkit.ops.lock import FolderLock
 
     data = write_char_dataset(tmp_path / "data").parent
     with FolderLock(tmp_path / "out", "training run"):  # another job's claim, held
