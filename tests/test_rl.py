@@ -511,8 +511,8 @@ def test_the_reward_is_the_evaluation_on_gsm8k_replies(tmp_path, chat_ckpt, monk
     """GSM8K's answer rule is one function: each reply scores the same as rl.py's
     final_number reward (the answer read from a GSM8K-layout prompt file) and as eval.py
     --tasks gsm8k (the item read from the same rows, the reply standing in for the model's)."""
-    from gptkit import report_card, task_scoring, tasks
-    from gptkit.evaluation import Settings, load_candidate
+    from gptkit.evals import report_card, task_scoring, tasks
+    from gptkit.evals.evaluation import Settings, load_candidate
 
     path = tmp_path / "gsm8k.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in gsm8k_rows(g for _, g, _ in GSM8K_REPLIES)))
@@ -531,7 +531,7 @@ def test_the_reward_is_the_evaluation_on_gsm8k_replies(tmp_path, chat_ckpt, monk
 def test_a_gsm8k_answer_without_its_number_is_one_line_naming_file_and_line(tmp_path, answer):
     """Nothing (or no number) after "####" would reward a reply that writes no number:
     refused at load by both readers, naming the file and the line."""
-    from gptkit import tasks
+    from gptkit.evals import tasks
 
     path = tmp_path / "g.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in gsm8k_rows(["4"]) + [
@@ -552,7 +552,7 @@ def test_gsm8k_by_name_is_eval_pys_download_once(tmp_path, monkeypatch):
     import http.server
     import threading
 
-    from gptkit import tasks
+    from gptkit.evals import tasks
     from task_files import write_rows
 
     served = tmp_path / "hub"
