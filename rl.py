@@ -138,7 +138,7 @@ class RLConfig:
         if self.init_from == "auto":
             problems.append("init_from=auto is train.py's: name the checkpoint, or resume")
         # the optimizer's, the seed's and LoRA's settings by train.py's own rules
-        problems += settings.optimizer_problems(self) + settings.lora_problems(self)
+        problems += settings.trainer_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
 

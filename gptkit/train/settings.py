@@ -6,7 +6,7 @@ number of ranks too (sizes no machine holds, accumulation that the ranks cannot 
     check_world_size(cfg, 64)   # UserError naming gradient_accumulation_steps and a fix
 
 train.py's TrainConfig calls `check` from its __post_init__, rl.py's RLConfig
-`optimizer_problems` and `lora_problems` (the same rules, not a copy); train.py's main runs
+`trainer_problems` (the same rules, not a copy); train.py's main runs
 `check_world_size` and `check_batch_sizes` before anything else (on every rank alike).
 """
 
@@ -51,8 +51,8 @@ def check(cfg):
     for name in ("eval_iters", "max_iters", "warmup_iters", "lr_decay_iters"):
         if getattr(cfg, name) < 0:
             problems.append(f"{name}={getattr(cfg, name)} must not be negative")
-    problems += optimizer_problems(cfg, numbers=(*OPTIMIZER_NUMBERS, "min_lr", "muon_weight_decay"),
-                                   decays=(*OPTIMIZER_DECAYS, ("muon_lr", "muon_weight_decay")))
+    problems += trainer_problems(cfg, numbers=(*OPTIMIZER_NUMBERS, "min_lr", "muon_weight_decay"),
+                                 decays=(*OPTIMIZER_DECAYS, ("muon_lr", "muon_weight_decay")))
     if not math.isfinite(cfg.time_budget) or cfg.time_budget < 0:
         problems.append(f"time_budget={cfg.time_budget} must be a finite number of seconds, not negative "
                         "(0 = off)")
@@ -76,7 +76,6 @@ def check(cfg):
         problems.append(f"cooldown_frac={cfg.cooldown_frac} must be in [0, 1]")
     if not cfg.init_from:
         problems.append("init_from must not be empty")
-    problems += lora_problems(cfg)
     if problems:
         raise ValueError("invalid training settings: " + "; ".join(problems))
 
@@ -85,11 +84,12 @@ OPTIMIZER_NUMBERS = ("learning_rate", "weight_decay", "grad_clip", "muon_lr")
 OPTIMIZER_DECAYS = (("learning_rate", "weight_decay"),)
 
 
-def optimizer_problems(cfg, numbers=OPTIMIZER_NUMBERS, decays=OPTIMIZER_DECAYS):
-    """The optimizer's settings and the seed as train.py checks them, for any command that
-    trains (TrainConfig; rl.py's RLConfig, which holds these same fields): rates, decays
-    and the clip finite and not negative, decoupled decay below 1, betas in [0, 1), the
-    seed in range. `numbers` and `decays` name the fields to check beyond the shared ones."""
+def trainer_problems(cfg, numbers=OPTIMIZER_NUMBERS, decays=OPTIMIZER_DECAYS):
+    """The settings every command that trains shares, as train.py checks them (TrainConfig;
+    rl.py's RLConfig, which holds these same fields): rates, decays and the clip finite and
+    not negative, decoupled decay below 1, betas in [0, 1), the seed in range, LoRA's
+    settings (lora_problems). `numbers` and `decays` name the fields to check; train.py
+    adds its own (min_lr, Muon's weight decay)."""
     problems = []
     for name in numbers:
         value = getattr(cfg, name)
@@ -108,7 +108,7 @@ def optimizer_problems(cfg, numbers=OPTIMIZER_NUMBERS, decays=OPTIMIZER_DECAYS):
             problems.append(f"{name}={getattr(cfg, name)} must be in [0, 1)")
     if not 0 <= cfg.seed <= MAX_SEED:
         problems.append(f"seed={cfg.seed} must be between 0 and {MAX_SEED}")
-    return problems
+    return problems + lora_problems(cfg)
 
 
 def lora_problems(cfg):
