@@ -345,3 +345,48 @@ def ignoring_mask(attn, x, cache, layer):
         k, v = cache.update(layer, k, v)
     y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=True)
     return attn.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class BytePieces:
+    """A tokenizer of byte strings, as BPE's: a token may hold several characters, or half of one."""
+
+    def __init__(self, pieces):
+        self.pieces, self.vocab_size, self.eot_id = pieces, len(pieces), None
+
+    def decode(self, ids):
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
+FULL = "hello woréld"  # BytePieces(PIECES) of every token in turn
+PIECES = [b"he", b"llo w", b"or", "é".encode()[:1], "é".encode()[1:], b"ld"]
+
+
+@pytest.mark.parametrize("stop, want", [
+    ("lo w", ["he", "l"]),          # the cut falls inside a token: it keeps "l", the rest is dropped
+    ("oré", ["he", "llo w"]),       # the stop string ends in a character split over two tokens
+    ("é", ["he", "llo w", "or"]),   # the cut before a split character: both its tokens dropped
+    ("ld", ["he", "llo w", "or", "\ufffd", "\ufffd"]),  # (each half of é alone decodes to U+FFFD)
+    ("zz", ["he", "llo w", "or", "\ufffd", "\ufffd", "ld"]),  # no stop: every token
+])
+def test_log_probabilities_go_out_with_the_text_they_made_and_stop_at_the_cut(stop, want):
+    """worker.TokenEntries over BPE-like tokens: whatever the tokens' edges, no entry goes
+    out before the text it made, and at the end the tokens spell the text a stop string
+    cut (a token the cut falls in keeps its part of the text)."""
+    from gptkit.generation.generate import TextStream
+    from gptkit.serve.worker import TokenEntries
+
+    tokenizer = BytePieces(PIECES)
+    stream, entries, out, text = TextStream(tokenizer, stop, stop_tokens=[]), TokenEntries(), [], ""
+    for token in range(len(PIECES)):
+        stream.push(token)
+        finished = stream.stopped or token == len(PIECES) - 1
+        if finished:
+            stream.close()
+        text += stream.take_new()
+        entries.add(len(stream.text), tokenizer.decode([token]), -1.0 * token, [])
+        out += [t for t, _, _ in entries.take(stream.shown, stream.text if finished else None)]
+        assert len("".join(out).replace("\ufffd", "")) <= len(text), (out, text)  # never ahead of the text
+        if finished:
+            break
+    assert text == FULL[: FULL.find(stop)] if stop in FULL else text == FULL
+    assert out == want

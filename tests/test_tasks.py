@@ -111,6 +111,29 @@ def test_each_format_reads_into_lm_eval_style_pairs(task_folder):
     assert hs.gold == 3 and hs.pairs[3] == ("A man is sitting on a roof. he", " starts pulling up roofing on a roof.")
 
 
+@pytest.mark.parametrize("layout", ["dictionary", "large_string", "dictionary_of_large_string"])
+def test_text_columns_in_any_arrow_layout_read_the_same(task_folder, tmp_path, layout):
+    """A pandas Categorical column is written as dictionary<string>; other writers use large_string."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name in [n for n, (_, file_name) in FILES.items() if file_name.endswith(".parquet")]:
+        table = pa.Table.from_pylist(FILES[name][0])
+        for i, kind in enumerate(table.schema.types):
+            if pa.types.is_string(kind):
+                column = table.column(i).cast(pa.large_string() if "large" in layout else pa.string())
+                table = table.set_column(i, table.field(i).name,
+                                         column.dictionary_encode() if "dictionary" in layout else column)
+        path = tmp_path / layout / name / FILES[name][1]
+        path.parent.mkdir(parents=True)
+        pq.write_table(table, path)
+        assert any(pa.types.is_dictionary(t) or pa.types.is_large_string(t)
+                   for t in pq.read_schema(path).types), (name, pq.read_schema(path))
+        got = tasks.read_task(tasks.TASKS[name], path)
+        want = read(task_folder, name)
+        assert [(it.pairs, it.gold) for it in got] == [(it.pairs, it.gold) for it in want], name
+
+
 @pytest.mark.parametrize("name, row, message", [
     ("arc_easy", {"question": "q?", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "C"},
      "\"answerKey\" 'C' is not one of the labels"),

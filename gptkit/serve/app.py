@@ -33,7 +33,8 @@ from starlette.routing import Route
 
 from gptkit.serve import api
 from gptkit.serve.api import ApiError
-from gptkit.serve.guard import LISTEN_BACKLOG, HostGuard, QuietAcceptErrors, connection_limit, timed_protocol
+from gptkit.serve.guard import (LISTEN_BACKLOG, HostGuard, QuietAcceptErrors, connection_limit, refusal,
+                                timed_protocol)
 from gptkit.serve.worker import Job, Overloaded
 
 PAGE = Path(__file__).resolve().parent / "page.html"
@@ -495,7 +496,9 @@ def run_server(app, state, sock, on_ready=None):
             if on_ready is not None and self.started:
                 on_ready(self)
 
-    protocol = timed_protocol(state.cfg.request_timeout, connection_limit())  # gptkit/serve/guard.py
+    full = refusal(api.error_body("the server has no room for another connection (its open-files limit, "
+                                  "ulimit -n): try again in a moment", "server_error", None, "too_many_connections"))
+    protocol = timed_protocol(state.cfg.request_timeout, connection_limit(), full)  # gptkit/serve/guard.py
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
                             lifespan="off", h11_max_incomplete_event_size=64 * 1024, http=protocol,
                             timeout_keep_alive=KEEP_ALIVE_S, backlog=LISTEN_BACKLOG,
