@@ -430,7 +430,8 @@ def check_lengths(chat, data, cfg):
         if n + room - 1 <= chat.block_size:
             continue
         if room > chat.block_size or cfg.too_long == "refuse":
-            fix = "shorten it" if room > chat.block_size else "shorten it, or --too_long=crop"
+            fix = ("lower --max_new_tokens" if what == "max_new_tokens" else "shorten the reply")
+            fix = fix if room > chat.block_size else f"shorten the prompt, {fix}, or --too_long=crop"
             raise UserError(f"{item.where}: its prompt ({n} tokens) and {what} ({room}) do not fit "
                             f"the model's block of {chat.block_size} tokens: {fix}")
         cropped.setdefault(item.where, item)

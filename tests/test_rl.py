@@ -351,9 +351,10 @@ def test_a_reply_longer_than_the_block_is_refused_even_cropping(tmp_path, capsys
     pairs.write_text(json.dumps({"prompt": "What is 1+1?", "chosen": "2" * 40, "rejected": "3"}) + "\n")
     assert run_rl(args(chat_ckpt, tmp_path / "out", "--method=dpo", f"--pairs={pairs}", "--too_long=crop")) == 2
     err = capsys.readouterr().err.strip()
-    assert f"{pairs}:1: " in err and "shorten it" in err and len(err.splitlines()) == 1
+    assert f"{pairs}:1: " in err and err.endswith(": shorten the reply") and len(err.splitlines()) == 1
     assert run_rl(args(chat_ckpt, tmp_path / "out2", "--max_new_tokens=40", "--too_long=crop")) == 2
-    assert "max_new_tokens (40)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "max_new_tokens (40)" in err and err.strip().endswith(": lower --max_new_tokens")
 
 
 @pytest.mark.parametrize("where", ["task", "eval_task", "pairs"])
