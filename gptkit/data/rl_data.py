@@ -68,16 +68,20 @@ def arithmetic_pairs(split, seed):
 
 def named_prompts(name, split):
     """The prompts of a named task's split ("train" or "val"), else of the jsonl file `name`.
-    GSM8K's come from eval.py's reader and download (gptkit/tasks.py): one copy, one rule."""
+    GSM8K's come from eval.py's reader and download (gptkit/evals/tasks.py): one copy, one rule."""
     if name == "arithmetic":
         return arithmetic_prompts(split)
     if name == "gsm8k":
-        task = tasks.gsm8k_split("train" if split == "train" else "test")
-        where = "--task" if split == "train" else "--eval_task"
-        path = tasks.resolve_file(task, instead=f"pass a .jsonl of its rows as {where}")
+        split = "train" if split == "train" else "test"
         return [Prompt([{"role": "user", "content": item.question}], item.gold, item.where)
-                for item in tasks.read_task(task, path)]
+                for item in tasks.read_task(tasks.gsm8k_split(split), gsm8k_path(split))]
     return read_prompts(name)
+
+
+def gsm8k_path(split):
+    """GSM8K's `split` file ("train" or "test") in eval.py's cache, downloaded there once."""
+    where = "--task" if split == "train" else "--eval_task"
+    return tasks.resolve_file(tasks.gsm8k_split(split), instead=f"pass a .jsonl of its rows as {where}")
 
 
 def read_jsonl(path, what):

@@ -31,8 +31,10 @@ from pathlib import Path
 
 from gptkit.ops.errors import UserError
 from gptkit.ops.paths import cache_dir
+from gptkit.prepare.download import fetch_whole
 
 HUB_URL = "https://huggingface.co"
+TASK_FILE_BYTES = 100 << 20  # the most a task file's download may bring (several times the largest)
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # a chat model answers a multiple-choice item by letter
 
 
@@ -127,19 +129,13 @@ def resolve_file(task, given=None, hub_url=None, instead=None):
         if not given.is_file():
             raise UserError(f"{task.title} file {given} is not a file: pass {task.file.rsplit('/', 1)[-1]}")
         return given
-    from gptkit.interop.hf_gpt2 import DownloadFailed, download_file
-
     path = cache_dir("tasks") / task.name / task.file.rsplit("/", 1)[-1]
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    url = task.url(hub_url)
-    try:
-        download_file(url, path)
-    except DownloadFailed as e:
-        instead = instead or f"pass it: --task_file {task.name}=PATH"
-        raise UserError(f"could not download {task.title} from {url} ({e.__cause__}). Offline? Fetch the file "
-                        f"elsewhere and {instead} (or copy it to {path})")
+    instead = instead or f"pass it: --task_file {task.name}=PATH"
+    fetch_whole(task.url(hub_url), path, TASK_FILE_BYTES, task.title, hint=(
+        f". Offline? Fetch the file elsewhere and {instead} (or copy it to {path})"))
     return path
 
 

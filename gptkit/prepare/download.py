@@ -3,6 +3,9 @@
     list_files(base, repo, revision, folder)   the files below `folder`, with the size and
                                                sha256 the Hub's tree API gives for each
     fetch(url, dest, size, sha256, bar)        one file, resumable and checked
+    fetch_whole(url, dest, cap, what, hint)    one file of unlisted size, in one go, at most `cap`
+                                               bytes: every other download of the project
+                                               (GPT-2's weights, eval tasks, GSM8K, Tiny Shakespeare)
 
 A file is written to DEST.part and renamed to DEST only after its size and sha256
 (the Git LFS object id the Hub publishes) are checked, so DEST exists only when it
@@ -22,6 +25,11 @@ size + 1 byte (a whole listing at LISTING_BYTES), only http(s) addresses are ope
 loop or run past MAX_PAGES, and a 206's Content-Range must start where we asked
 before its bytes are appended. Each refusal is one line naming what the server did.
 
+fetch_whole keeps the same promises for a file nobody lists: http(s) only, redirects
+included; at most `cap` bytes (a Content-Length past it is refused before a byte is
+read); a body shorter than its Content-Length, a 5xx, a stall or a trickle is refused;
+the bytes go to a temporary file renamed into place only when whole.
+
 `base` is https://huggingface.co or a mirror that serves the same two routes
 (api/datasets/REPO/tree/REVISION/PATH and datasets/REPO/resolve/REVISION/PATH).
 """
@@ -40,6 +48,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from gptkit.ops.atomic import atomic_write
 from gptkit.ops.errors import UserError
 
 BLOCK = 1 << 20
@@ -391,3 +400,56 @@ def first_byte(response, url, have, size):
     if int(last) != size - 1:
         raise UserError(f"{url} sent bytes {first}-{last} of a file of {size:,} (listed): refused")
     return have
+
+
+def fetch_whole(url, dest, cap, what, hint="", sha256=None):
+    """Download url to dest, reading at most `cap` bytes: the bound for a file no listing
+    sizes (a stated cap per kind of file, or its known size), and check its sha256 when
+    one is known. No resume: the files this serves are small, or fetched once. Every
+    failure is one line, "could not download WHAT from URL (WHY)" + hint, and leaves
+    nothing at dest (gptkit/ops/atomic.py). Returns dest."""
+    try:
+        with atomic_write(dest) as tmp:
+            _fetch_capped(web_address(url, "the address"), tmp, cap)
+            digest = sha256_of(tmp) if sha256 else None
+            if digest != sha256:
+                raise UserError(f"it has sha256 {digest}, expected {sha256}")
+    except UserError as e:
+        raise UserError(f"could not download {what} from {url} ({e}){hint}") from None
+    return dest
+
+
+def _fetch_capped(url, tmp, cap):
+    """url's body into tmp, refused (UserError, its reason) past `cap` bytes, short of its
+    Content-Length, or arriving slower than SLOWEST_BYTES per READ_TIME_S."""
+    try:
+        response = _open(urllib.request.Request(url))
+    except (OSError, http.client.HTTPException) as e:  # HTTPError (404, 5xx), URLError, timeouts
+        raise UserError(_why(e)) from None
+    except ValueError as e:  # a URL http.client refuses (control characters)
+        raise UserError(" ".join(str(e).split())[:200]) from None
+    with response, open(tmp, "wb") as f:
+        length = response.headers.get("Content-Length", "")
+        if length.isdecimal() and int(length) > cap:
+            raise UserError(f"it has {int(length):,} bytes, more than the {cap:,} allowed: refused")
+        if response.status != 200:
+            raise UserError(f"HTTP {response.status} {_why(response.reason)[:80]}, not the file: refused")
+        _check_encoding(response, url)
+        written, window = 0, (time.monotonic(), 0)
+        while True:
+            if time.monotonic() - window[0] > READ_TIME_S:
+                if written - window[1] < SLOWEST_BYTES:
+                    raise UserError(f"{written - window[1]:,} bytes in the last {READ_TIME_S} s: too slow")
+                window = (time.monotonic(), written)
+            try:
+                block = response.read1(min(BLOCK, cap + 1 - written))
+            except (OSError, http.client.HTTPException) as e:  # a reset, a timeout, a cut chunked body
+                raise UserError(f"stopped after {written:,} bytes: {_why(e)}") from None
+            if not block:
+                break
+            written += len(block)
+            if written > cap:
+                raise UserError(f"it sent more than the {cap:,} bytes allowed: refused")
+            f.write(block)
+    if length.isdecimal() and written != int(length):
+        raise UserError(f"the connection closed after {written:,} of its {int(length):,} bytes")
