@@ -243,7 +243,7 @@ def test_train_refuses_a_re_pinned_malformed_tokenizer_before_the_first_step(tmp
 
 def test_hostile_json_in_meta_json_or_a_hellaswag_file_is_one_line(tmp_path):
     # Deep nesting and a 5,000-digit number were tracebacks (RecursionError, ValueError).
-    from gptkit.evals import hellaswag
+    from gptkit.evals import tasks
 
     folder = write_char_dataset(tmp_path, name="c", text="abcabc" * 100)
     for text in ("[" * 100_000, '{"vocab_size": ' + "9" * 5000 + "}"):
@@ -253,5 +253,5 @@ def test_hostile_json_in_meta_json_or_a_hellaswag_file_is_one_line(tmp_path):
     path = tmp_path / "hs.jsonl"
     for text in ("[" * 100_000, '{"ctx": "a", "n": ' + "9" * 5000 + "}"):
         path.write_text(text + "\n")
-        with pytest.raises(UserError, match=r"hs.jsonl, line 1: not JSON this reader takes"):
-            hellaswag.read_items(path)
+        with pytest.raises(UserError, match=r"hs.jsonl, line 1: not valid JSON"):
+            tasks.read_task(tasks.TASKS["hellaswag"], path)

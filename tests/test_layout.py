@@ -146,10 +146,15 @@ def gptkit_names(tree):
 def test_the_training_step_calls_nothing_from_gptkit():
     """train_step reads in train.py alone: torch, the model, the batches and the
     optimizers' own methods, and the train.py functions it names (themselves held to
-    the same rule). Set-up and I/O stay in gptkit; the step does not reach into it."""
+    the same rule), besides the two step helpers rl.py shares with it, gptkit/train/step.py's,
+    held to the same rule. Set-up and I/O stay in gptkit; the step does not reach into it."""
     tree = ast.parse((REPO / "train.py").read_text(encoding="utf-8"))
-    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
-    banned, seen, todo, problems = gptkit_names(tree), set(), ["train_step"], []
+    helpers = ast.parse((REPO / "gptkit" / "train" / "step.py").read_text(encoding="utf-8"))
+    shared = {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom)
+              and node.module == "gptkit.train.step" for a in node.names}
+    functions = {node.name: node for t in (tree, helpers) for node in t.body if isinstance(node, ast.FunctionDef)}
+    assert gptkit_names(helpers) == set() and shared <= functions.keys()
+    banned, seen, todo, problems = gptkit_names(tree) - shared, set(), ["train_step"], []
     while todo:
         name = todo.pop()
         seen.add(name)
@@ -160,6 +165,24 @@ def test_the_training_step_calls_nothing_from_gptkit():
                 elif node.id in functions and node.id not in seen:
                     todo.append(node.id)
     assert "clip_gradients" in seen and "set_lr" in seen  # the rule reaches what the step calls
+    assert problems == []
+
+
+def test_root_scripts_never_import_each_other_but_the_model():
+    """Each root script is a command built of gptkit, not of another command: what two
+    of them share lives in the package (rl.py's step helpers: gptkit/train/step.py).
+    model.py is the one root file they all read. Imports inside functions count too."""
+    scripts = {name[:-3] for name in ROOT_SCRIPTS} - {"model"}
+    problems = []
+    for name in sorted(ROOT_SCRIPTS):
+        for node in ast.walk(ast.parse((REPO / name).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                found = [node.module]
+            else:
+                continue
+            problems += [f"{name}:{node.lineno} imports {m}" for m in found if m.split(".")[0] in scripts]
     assert problems == []
 
 
@@ -239,3 +262,33 @@ def test_the_files_a_learner_reads_keep_lines_within_100_characters():
     long = [f"{name}:{i}" for name in ("model.py", "train.py", "sample.py")
             for i, line in enumerate((REPO / name).read_text(encoding="utf-8").splitlines(), 1) if len(line) > 100]
     assert long == []
+
+
+def test_every_package_module_has_its_row_in_the_layout_doc():
+    """docs/layout.md is the map a learner reads to know which modules to read and which to
+    skip: every module of gptkit/ (and the int8 kernel's C file) is named in it."""
+    doc = (REPO / "docs" / "layout.md").read_text(encoding="utf-8")
+    files = [p for p in (REPO / "gptkit").rglob("*") if p.suffix in {".py", ".c"} and p.name != "__init__.py"]
+    missing = []
+    for path in files:
+        rel = path.relative_to(REPO / "gptkit")
+        if f"`{rel.as_posix()}`" not in doc and f"`{rel.name}`" not in doc:  # prepare/, interop/: by name
+            missing.append(rel.as_posix())
+    assert missing == []
+
+
+def test_the_model_shapes_module_imports_only_the_model():
+    """Sampling, serving, LoRA and loading find the model's parts through
+    gptkit/models/shapes.py: it imports model.py (and errors.py, which imports nothing of
+    ours), so none of them pulls in the dataset reader or lab.py's report."""
+    graph = project_imports()
+    assert set(graph["gptkit.models.shapes"]) <= {"model", "gptkit.ops.errors"}
+    assert [m for m in graph["gptkit.ops.errors"] if m.split(".")[0] in {"gptkit", "model"}] == []
+    for name in ("sample", "serve", "gptkit.models.lora", "gptkit.models.loading", "gptkit.generation.generate"):
+        seen, todo = set(), [name]
+        while todo:
+            for dep in graph[todo.pop()]:
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        assert not seen & {"gptkit.data.dataset", "gptkit.models.params"}, name

@@ -271,8 +271,7 @@ def test_inputs_whose_names_the_system_refuses_are_one_line_too(tmp_path):
 
 def test_one_cache_folder_for_every_download_measurement_and_build(tmp_path, monkeypatch):
     """$GPTKIT_CACHE_DIR, else $XDG_CACHE_HOME/gptkit, else ~/.cache/gptkit (an empty
-    variable counts as unset), for HellaSwag, the tasks, GSM8K, the CPU peak and the int8 kernel."""
-    from gptkit.evals import hellaswag
+    variable counts as unset), for the tasks, GSM8K, the CPU peak and the int8 kernel."""
     from gptkit.fast import int8_kernel
     from gptkit.data import rl_data
     from gptkit.evals import tasks
@@ -287,5 +286,5 @@ def test_one_cache_folder_for_every_download_measurement_and_build(tmp_path, mon
     assert cache_dir("tasks") == tmp_path / "xdg" / "gptkit" / "tasks"
     monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path / "mine"))
     assert cache_dir("gsm8k") == tmp_path / "mine" / "gsm8k"
-    for module in (hellaswag, int8_kernel, rl_data, tasks, mfu):  # none keeps a folder rule of its own
+    for module in (int8_kernel, rl_data, tasks, mfu):  # none keeps a folder rule of its own
         assert "cache_dir" in vars(module) and vars(module)["cache_dir"] is cache_dir

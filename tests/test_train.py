@@ -144,6 +144,27 @@ def test_a_time_budget_counts_the_same_steps_whether_or_not_the_run_was_stopped(
     assert all(torch.equal(whole["model"][k], cut["model"][k]) for k in whole["model"])
 
 
+def test_a_time_budget_that_ends_inside_the_warmup_says_so_early_and_at_the_end(data_dir, tmp_path, monkeypatch,
+                                                                                capsys):
+    """A clock of one second a step: a 30-second budget with warmup_iters=100 is said,
+    from the pace of the first steps, to end inside the warmup, and said again at its end;
+    a warmup the budget outlasts is said nothing about."""
+    from gptkit.train import logger
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(logger, "cpu_clock", lambda: float(next(ticks)))  # read twice a step
+    budget = dict(max_iters=100_000, time_budget=30, eval_interval=100_000, lr_decay_iters=100_000, log_interval=100)
+    assert train.main(tiny_args(data_dir, tmp_path / "a", warmup_iters=100, **budget)) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 2, out
+    assert notes[0].startswith("note: time_budget=30 allows about 30 steps at this pace, fewer than warmup_iters=100")
+    assert notes[1].startswith("note: the time budget ended the run at step 30, inside warmup_iters=100")
+    assert [r["iter"] for r in read_metrics(tmp_path / "a", "note")] == [10]  # the 11th step's
+    assert train.main(tiny_args(data_dir, tmp_path / "b", warmup_iters=5, **budget)) == 0
+    assert "note: " not in capsys.readouterr().out
+
+
 def test_a_time_budget_too_small_for_one_step_says_so_and_exits_2(data_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert run_main_code(tiny_args(data_dir, out, max_iters=100, time_budget=1e-6)) == 2

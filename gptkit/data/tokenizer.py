@@ -38,8 +38,12 @@ class CharTokenizer:
         self.vocab_size = len(self.chars)
         self.eot_id = None
 
+    def unknown(self, text):
+        """The characters of text this vocabulary lacks, sorted."""
+        return sorted(set(text) - self.stoi.keys())
+
     def encode(self, text):
-        unknown = sorted(set(text) - self.stoi.keys())
+        unknown = self.unknown(text)
         if unknown:
             shown = ", ".join(repr(ch) for ch in unknown[:20])
             raise UserError(

@@ -1,8 +1,8 @@
-"""What eval.py does: load each model, score it on a text, a prepared split or HellaSwag,
+"""What eval.py does: load each model, score it on a text, a prepared split or the tasks,
 and put the results side by side (a markdown table, or JSON for scripts).
 
 Each model reads the text through its own tokenizer; the scoring itself is
-gptkit/evals/scoring.py (sliding windows, every token once) and gptkit/evals/hellaswag.py.
+gptkit/evals/scoring.py (sliding windows, every token once) and gptkit/evals/report_card.py (the tasks).
 Bits per byte makes models with different tokenizers comparable.
 """
 
@@ -19,9 +19,6 @@ import numpy as np
 import torch
 
 from gptkit.data import dataset
-
-from gptkit.evals import hellaswag
-
 from gptkit.evals import scoring
 from gptkit.ops.checkpoint import write_text_atomic
 from gptkit.ops.errors import UserError
@@ -77,7 +74,6 @@ class Result:
     tokens_seen: int | None
     score: scoring.Score | None = None
     seconds: float | None = None
-    hellaswag: dict | None = None
     exact_match: dict | None = None  # "single", "multi": (replies written exactly, replies)
     answers: dict | None = None  # eval.py --answers: tools, exact, questions, rate (gptkit/evals/answers.py)
     tasks: dict | None = None  # the report card (gptkit/evals/report_card.py): "tasks", "summary"
@@ -89,8 +85,6 @@ class Result:
             s = self.score
             out.update(loss=s.loss, ppl=s.ppl, bpb=s.bpb, tokens=s.tokens, bytes=s.bytes, seconds=self.seconds,
                        tokens_per_s=s.tokens / self.seconds if self.seconds else None)
-        if self.hellaswag is not None:
-            out["hellaswag"] = {k: v for k, v in self.hellaswag.items() if k != "predictions"}
         if self.exact_match is not None:
             out["exact_match"] = {kind: {"exact": exact, "replies": total, "rate": exact / total if total else None}
                                   for kind, (exact, total) in self.exact_match.items()}
@@ -397,12 +391,11 @@ def exact_match_lines(result):
             f"sessions of {SESSION_CONVERSATIONS} conversations, each reply after the model's own earlier ones)")
 
 
-def evaluate_candidate(candidate, settings, texts=None, split=None, hellaswag_items=None, exact_match=False,
-                       tasks=None, task_rows=32):
+def evaluate_candidate(candidate, settings, texts=None, split=None, exact_match=False, tasks=None, task_rows=32):
     """Move the model to the device, score what was asked, and free it again: a Result.
     tasks: [(gptkit.evals.tasks.Task, items)] for the report card, task_rows sequences a pass."""
     result = Result(candidate.name, candidate.model.num_params(), candidate.tokenizer_name, candidate.tokens_seen)
-    model = candidate.model.to(settings.device)
+    candidate.model.to(settings.device)
     try:
         if exact_match:
             result.exact_match = chat_exact_match(candidate, *split, settings)
@@ -415,25 +408,14 @@ def evaluate_candidate(candidate, settings, texts=None, split=None, hellaswag_it
             if settings.device.type == "cuda":
                 torch.cuda.synchronize()
             result.seconds = time.perf_counter() - t0
-        if hellaswag_items is not None:
-            bar = progress_bar(len(hellaswag_items), settings, f"{candidate.name} HellaSwag", "item")
-            try:
-                result.hellaswag = hellaswag.evaluate(model, candidate.tokenizer, hellaswag_items, candidate.block_size,
-                                                      settings.device, settings.autocast, settings.batch_size, bar)
-            finally:
-                if bar is not None:
-                    bar.close()
-            if result.hellaswag["skipped"]:
-                result.notes.append(f"HellaSwag: {result.hellaswag['skipped']} of {len(hellaswag_items)} items skipped "
-                                    "(characters outside the vocabulary)")
         if tasks:
             from gptkit.evals.report_card import score_tasks
 
             result.tasks = score_tasks(candidate, tasks, settings, task_rows, progress_bar)
             for line in result.tasks["tasks"]:
                 if line["skipped"]:
-                    result.notes.append(f"{line['title']}: {line['skipped']:,} of {line['skipped'] + line['items']:,} "
-                                        "items skipped (text this tokenizer cannot encode)")
+                    result.notes.append(f"{line['title']}: skipped {line['skipped']:,} of "
+                                        f"{line['skipped'] + line['items']:,} items: {line['skipped_why']}")
     finally:
         candidate.model.to("cpu")
     return result
@@ -448,29 +430,19 @@ def _count(n):
     return str(n)
 
 
-def _percent(x):
-    return "n/a" if math.isnan(x) else f"{100 * x:.2f}%"
-
-
 def markdown_table(results):
     """One row per model: name, parameters, tokenizer, tokens seen, scored tokens and bytes,
-    loss, perplexity, bits per byte, HellaSwag (acc from summed, acc_norm from mean ending losses)."""
+    loss, perplexity, bits per byte."""
     has_score = any(r.score is not None for r in results)
-    has_hs = any(r.hellaswag is not None for r in results)
     head = ["model", "params", "tokenizer", "tokens seen"]
     if has_score:
         head += ["tokens", "bytes", "loss (nats/token)", "ppl", "bpb"]
-    if has_hs:
-        head += ["HellaSwag acc (sum)", "acc_norm (mean)", "items"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in results:
         cells = [r.name, _count(r.params), r.tokenizer, _count(r.tokens_seen)]
         if has_score:
             s = r.score
             cells += [f"{s.tokens:,}", f"{s.bytes:,}", f"{s.loss:.4f}", f"{s.ppl:.2f}", f"{s.bpb:.4f}"] if s else ["-"] * 5
-        if has_hs:
-            h = r.hellaswag
-            cells += [_percent(h["acc"]), _percent(h["acc_norm"]), f"{h['items']:,}"] if h else ["-"] * 3
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -7,15 +7,22 @@ centered accuracy (acc - random) / (1 - random): 0 is guessing, 1 is every item 
 The summary is the mean centered accuracy over the tasks scored, the way DCLM's CORE
 score is built (Li et al. 2024, "DataComp-LM", arXiv:2406.11794; nanochat prints it
 as CORE for base models and ChatCORE for chat models). See docs/evaluation.md.
+
+Each figure carries its standard error, as lm-evaluation-harness reports acc_stderr:
+the sample standard deviation of the items' 0/1 outcomes over sqrt(n), which for an
+accuracy p is sqrt(p(1 - p) / (n - 1)) (lm_eval.api.metrics.mean_stderr). The centered
+accuracy divides it by (1 - random); the summary, a mean of K independent tasks, has
+sqrt(sum of the squared centered errors) / K.
 """
 
 import math
+from collections import Counter
 
 import torch
 
 from gptkit.evals import task_scoring as ts
 from gptkit.ops.errors import UserError
-from gptkit.evals.tasks import normal_number, random_baseline
+from gptkit.evals.tasks import normal_number, number_is_right, random_baseline
 
 
 def first_best(values):
@@ -23,43 +30,85 @@ def first_best(values):
     return max(range(len(values)), key=lambda i: (values[i], -i))
 
 
+class Skips:
+    """The items a model cannot be asked: how many, the characters its vocabulary lacks
+    (a character tokenizer's), and any other reason, for one line of the notes."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.count, self.lacking, self.reasons = tokenizer, 0, set(), Counter()
+
+    def add(self, text, error):
+        """Count an item whose `text` raised `error` (a UserError) when it was encoded."""
+        self.count += 1
+        lacking = self.tokenizer.unknown(text) if hasattr(self.tokenizer, "unknown") else []
+        if lacking:
+            self.lacking.update(lacking)
+        else:
+            self.reasons[str(error)] += 1
+
+    def why(self):
+        """"the vocabulary lacks 'é', '—'; 2 items: REASON": what the skipped items lacked."""
+        parts = []
+        if self.lacking:
+            shown = sorted(self.lacking)
+            more = f" and {len(shown) - 20} more" if len(shown) > 20 else ""
+            parts.append("the vocabulary lacks " + ", ".join(repr(ch) for ch in shown[:20]) + more)
+        parts += [f"{n:,} item{'s' if n > 1 else ''}: {reason}" for reason, n in self.reasons.items()]
+        return "; ".join(parts)
+
+
+def item_text(item):
+    """Everything of an item a base model reads: its contexts and continuations."""
+    return "".join(context + continuation for context, continuation in item.pairs)
+
+
 def rows_by_item(tokenizer, items, block_size):
-    """(items that encode, their rows, one list per item, and how many were skipped)."""
-    scored, rows, skipped = [], [], 0
+    """(items that encode, their rows, one list per item, and the Skips of the others)."""
+    scored, rows, skips = [], [], Skips(tokenizer)
     for item in items:
         try:
             rows.append(ts.rows_of(tokenizer.encode, item.pairs, block_size, tokenizer.eot_id))
-        except UserError:  # characters outside a character vocabulary
-            skipped += 1
+        except UserError as e:  # characters outside a character vocabulary
+            skips.add(item_text(item), e)
             continue
         scored.append(item)
-    return scored, rows, skipped
+    return scored, rows, skips
 
 
 def base_choices(candidate, items, settings, batch_rows, bar):
-    """(scored items, [(acc pick, acc_norm pick)], skipped) for a base model."""
-    scored, rows, skipped = rows_by_item(candidate.tokenizer, items, candidate.block_size)
-    results = ts.score_rows(candidate.model, [r for item_rows in rows for r in item_rows], settings.device,
-                            settings.autocast, batch_rows, on_batch=bar.update if bar is not None else None)
+    """(scored items, [(acc pick, acc_norm pick, acc_norm_tokens pick)], Skips) for a base model.
+
+    acc: the answer with the largest summed log probability. acc_norm: the largest per
+    character of the answer, lm-evaluation-harness's acc_norm, the headline (a figure
+    that does not depend on the tokenizer). acc_norm_tokens: the largest per token of
+    the answer, the mean that llm.c's HellaSwag reports (GPT-2 124M: 29.55%), kept
+    under its own name for comparison with it."""
+    scored, rows, skips = rows_by_item(candidate.tokenizer, items, candidate.block_size)
+    flat = [r for item_rows in rows for r in item_rows]
+    results = ts.score_rows(candidate.model, flat, settings.device, settings.autocast, batch_rows,
+                            on_batch=bar.update if bar is not None else None)
     picks, at = [], 0
     for item in scored:
         lls = [ll for ll, _ in results[at : at + len(item.pairs)]]
+        n_tokens = [n for _, n in flat[at : at + len(item.pairs)]]
         at += len(item.pairs)
-        normed = [ll / max(1, len(text)) for ll, text in zip(lls, item.choice_texts)]
-        picks.append((first_best(lls), first_best(normed)))
-    return scored, picks, skipped
+        per_char = [ll / max(1, len(text)) for ll, text in zip(lls, item.choice_texts)]
+        per_token = [ll / n for ll, n in zip(lls, n_tokens)]
+        picks.append((first_best(lls), first_best(per_char), first_best(per_token)))
+    return scored, picks, skips
 
 
-def encodable(items, check):
-    scored, skipped = [], 0
+def encodable(tokenizer, items, text_of, check):
+    """(the items `check` accepts, the Skips of the others); text_of(item) is what check encodes."""
+    scored, skips = [], Skips(tokenizer)
     for item in items:
         try:
             check(item)
-        except UserError:
-            skipped += 1
+        except UserError as e:
+            skips.add(text_of(item), e)
             continue
         scored.append(item)
-    return scored, skipped
+    return scored, skips
 
 
 def score_task(candidate, task, items, settings, batch_rows=32, bar=None):
@@ -68,19 +117,19 @@ def score_task(candidate, task, items, settings, batch_rows=32, bar=None):
     chat = ts.is_chat_model(model, tok)
     line = {"task": task.name, "title": task.title, "form": "chat" if chat and task.kind != "word" else "text"}
     if task.kind == "choice" and not chat:
-        scored, picks, skipped = base_choices(candidate, items, settings, batch_rows, bar)
+        scored, picks, skips = base_choices(candidate, items, settings, batch_rows, bar)
         line["acc"] = _mean(p[0] == it.gold for p, it in zip(picks, scored))
         line["acc_norm"] = _mean(p[1] == it.gold for p, it in zip(picks, scored))
+        line["acc_norm_tokens"] = _mean(p[2] == it.gold for p, it in zip(picks, scored))
         line["metric"] = task.headline
     elif task.kind == "choice":
-        scored, skipped = encodable(items, lambda it: (ts.chat_prompt(tok, ts.chat_question(it), T),
-                                                       ts.letter_ids(tok, len(it.options))))
+        scored, skips = encodable(tok, items, ts.chat_question, lambda it: ts.choice_prompt(tok, it, T))
         picks = ts.chat_choices(model, tok, scored, T, settings.device, settings.autocast, batch_rows,
                                 bar.update if bar is not None else None)
         line["acc"] = _mean(p == it.gold for p, it in zip(picks, scored))
         line["metric"] = "acc"
     elif task.kind == "word":
-        scored, item_rows, skipped = rows_by_item(tok, items, T)
+        scored, item_rows, skips = rows_by_item(tok, items, T)
         rows = [r[0] for r in item_rows]  # one continuation: the last word
         results = ts.score_rows(model, rows, settings.device, settings.autocast, batch_rows,
                                 on_batch=bar.update if bar is not None else None)
@@ -91,20 +140,23 @@ def score_task(candidate, task, items, settings, batch_rows=32, bar=None):
         line["metric"] = "acc"
     else:
         if chat:
-            scored, skipped = encodable(items, lambda it: ts.chat_prompt(tok, it.question, T))
+            scored, skips = encodable(tok, items, lambda it: it.question,
+                                      lambda it: ts.chat_prompt(tok, it.question, T))
             answer = ts.chat_number_answers
         else:
-            scored, skipped = encodable(items, lambda it: tok.encode(it.pairs[0][0]))
+            scored, skips = encodable(tok, items, lambda it: it.pairs[0][0], lambda it: tok.encode(it.pairs[0][0]))
             answer = ts.base_number_answers
         texts = answer(model, tok, scored, T, settings.device, settings.autocast,
                        on_item=bar.update if bar is not None else None)
         picks = [normal_number(text) for text in texts]
-        line["acc"] = _mean(p == it.gold for p, it in zip(picks, scored))
+        line["acc"] = _mean(number_is_right(text, it.gold) for text, it in zip(texts, scored))
         line["metric"] = "acc"
-    line["items"], line["skipped"] = len(scored), skipped
+    line["items"], line["skipped"], line["skipped_why"] = len(scored), skips.count, skips.why()
     line["random"] = random_baseline(task, scored if scored else items)
     value = line[line["metric"]]
     line["centered"] = (value - line["random"]) / (1 - line["random"]) if not math.isnan(value) else math.nan
+    line["stderr"] = binomial_stderr(value, line["items"])  # of the metric shown
+    line["centered_stderr"] = line["stderr"] / (1 - line["random"])
     line["predictions"] = picks
     return line
 
@@ -139,7 +191,13 @@ def score_tasks(candidate, tasks, settings, batch_rows, progress_bar):
     finally:
         if bar is not None:
             bar.close()
-    return {"tasks": lines, "summary": summary(lines)}
+    return {"tasks": lines, "summary": summary(lines), "summary_stderr": summary_stderr(lines)}
+
+
+def binomial_stderr(p, n):
+    """The standard error of an accuracy p over n items, as lm-evaluation-harness's
+    mean_stderr computes it from the 0/1 outcomes: sqrt(p(1 - p) / (n - 1)); NaN under 2 items."""
+    return math.sqrt(p * (1 - p) / (n - 1)) if n > 1 and not math.isnan(p) else math.nan
 
 
 def summary(lines):
@@ -148,8 +206,20 @@ def summary(lines):
     return sum(values) / len(values) if values else math.nan
 
 
-def _pct(x):
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.2f}%"
+def summary_stderr(lines):
+    """The standard error of summary(lines): the tasks are independent samples, so the
+    variance of their mean is the sum of their variances over K squared."""
+    errors = [line["centered_stderr"] for line in lines if line["items"]]
+    return math.sqrt(sum(e * e for e in errors)) / len(errors) if errors else math.nan
+
+
+def _pct(x, stderr=None):
+    """"41.20%", and with a standard error "41.20% ± 3.10" (in percentage points)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if stderr is None or math.isnan(stderr):
+        return f"{100 * x:.2f}%"
+    return f"{100 * x:.2f}% ± {100 * stderr:.2f}"
 
 
 def card_table(results):
@@ -166,18 +236,18 @@ def card_table(results):
         for _, card in cards:
             line = card["tasks"][i]
             items = f"{line['items']:,}" + (f" ({line['skipped']:,} skipped)" if line["skipped"] else "")
-            value = _pct(line[line["metric"]])
+            value = _pct(line[line["metric"]], line["stderr"])
             if line["metric"] != first["metric"] or line["form"] != first["form"]:  # a chat model beside a base one
                 value += f" ({line['metric']}{', chat' if line['form'] == 'chat' else ''})"
-            cells += [items, value, _pct(line["centered"])]
+            cells += [items, value, _pct(line["centered"], line["centered_stderr"])]
         lines.append("| " + " | ".join(cells) + " |")
     cells = ["**summary**", "mean centered", ""]
     for _, card in cards:
-        cells += ["", "", f"**{_pct(card['summary'])}**"]
+        cells += ["", "", f"**{_pct(card['summary'], card['summary_stderr'])}**"]
     lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def card_json(card):
-    return {"summary": card["summary"],
+    return {"summary": card["summary"], "summary_stderr": card["summary_stderr"],
             "tasks": [{k: v for k, v in line.items() if k != "predictions"} for line in card["tasks"]]}

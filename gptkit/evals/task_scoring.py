@@ -106,7 +106,10 @@ def is_chat_model(model, tokenizer):
 
 
 def letter_ids(tokenizer, n):
-    """The token id of each of the first n letters, alone; UserError when one is not a single token."""
+    """The token id of each of the first n letters, alone; UserError when one is not a single
+    token, or when n answers outrun the letters (the item could not be answered past them)."""
+    if n > len(LETTERS):
+        raise UserError(f"more answers ({n}) than the letters {LETTERS[0]} to {LETTERS[-1]} to answer with")
     ids = []
     for letter in LETTERS[:n]:
         encoded = tokenizer.encode(letter)
@@ -120,6 +123,13 @@ def chat_question(item):
     """The user turn of a multiple-choice item: the question, its lettered answers, the ask."""
     lines = [item.question, *(f"{L}. {o}" for L, o in zip(LETTERS, item.options))]
     return "\n".join(lines) + "\nAnswer with the letter of the right answer."
+
+
+def choice_prompt(tokenizer, item, block_size):
+    """The chat prompt of a multiple-choice item; UserError when a letter of its answers
+    cannot be read as one token, or its answers outrun the letters."""
+    letter_ids(tokenizer, len(item.options))
+    return chat_prompt(tokenizer, chat_question(item), block_size)
 
 
 def chat_prompt(tokenizer, text, block_size):
@@ -209,7 +219,7 @@ def tool_number_answers(model, tokenizer, items, device, autocast, max_new=256, 
 
 def chat_choices(model, tokenizer, items, block_size, device, autocast, batch_rows=32, on_item=None):
     """For a chat model: the index of the letter each question's reply starts with, of its answers' letters."""
-    prompts = [chat_prompt(tokenizer, chat_question(item), block_size) for item in items]
+    prompts = [choice_prompt(tokenizer, item, block_size) for item in items]
     picks = []
     for start in range(0, len(items), batch_rows):
         logits = last_logits(model, prompts[start : start + batch_rows], device, autocast)

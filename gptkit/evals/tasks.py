@@ -4,8 +4,8 @@
     python eval.py out-chat --tasks chat --json card.json
     python eval.py out-a out-b --tasks arc_easy,piqa --task_file arc_easy=ARC-Easy-test.parquet
 
-Each task is one file of its publisher (a Hugging Face Hub dataset, or HellaSwag's
-GitHub file), read with the field names it has there, and each item becomes:
+Each task is one file of its publisher on the Hugging Face Hub (the copy
+lm-evaluation-harness reads), read with the field names it has there, and each item becomes:
 
     pairs     for a base model: one (context, continuation) per answer, as
               lm-evaluation-harness writes the task (its task yaml's doc_to_text,
@@ -26,15 +26,16 @@ A file fetched by name is kept in $GPTKIT_CACHE_DIR/tasks/NAME/ (default
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gptkit.evals import hellaswag
 from gptkit.ops.errors import UserError
 from gptkit.ops.paths import cache_dir
+from gptkit.prepare.download import fetch_whole
 
 HUB_URL = "https://huggingface.co"
-LETTERS = "ABCDEFGHIJ"
+TASK_FILE_BYTES = 100 << 20  # the most a task file's download may bring (several times the largest)
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # a chat model answers a multiple-choice item by letter
 
 
 @dataclass
@@ -52,13 +53,11 @@ class Task:
     name: str
     title: str
     kind: str  # "choice" (multiple choice), "word" (LAMBADA's last word), "number" (GSM8K)
-    repo: str | None  # the Hub dataset; None for HellaSwag's GitHub file
-    file: str  # the file in that repository (or HellaSwag's file name)
+    repo: str  # the Hub dataset
+    file: str  # the file in that repository
     headline: str  # the metric the report card shows: "acc" or "acc_norm" (as lm-eval reports it)
 
     def url(self, hub_url=None):
-        if self.repo is None:
-            return hellaswag.URL
         base = (hub_url or os.environ.get("HF_ENDPOINT") or HUB_URL).rstrip("/")
         return f"{base}/datasets/{self.repo}/resolve/main/{self.file}"
 
@@ -70,7 +69,7 @@ TASKS = {t.name: t for t in (
     Task("piqa", "PIQA", "choice", "baber/piqa", "piqa_validation.parquet", "acc_norm"),  # lm-eval's copy
     Task("winogrande", "Winogrande", "choice", "allenai/winogrande", "winogrande_xl/validation-00000-of-00001.parquet",
          "acc"),
-    Task("hellaswag", "HellaSwag", "choice", None, hellaswag.FILE_NAME, "acc_norm"),
+    Task("hellaswag", "HellaSwag", "choice", "Rowan/hellaswag", "data/validation-00000-of-00001.parquet", "acc_norm"),
     Task("mmlu", "MMLU", "choice", "cais/mmlu", "all/test-00000-of-00001.parquet", "acc"),
     Task("lambada", "LAMBADA", "word", "EleutherAI/lambada_openai", "data/lambada_test_en.jsonl", "acc"),
     Task("gsm8k", "GSM8K", "number", "openai/gsm8k", "main/test-00000-of-00001.parquet", "acc"),
@@ -83,6 +82,14 @@ SETS = {
     "chat": ("arc_easy", "arc_challenge", "mmlu", "gsm8k"),
     "all": tuple(TASKS),
 }
+
+
+def gsm8k_split(split):
+    """GSM8K's `split` ("train" or "test") as a task: the same dataset, file layout and
+    cache folder as eval.py's (its test split), so that rl.py's prompts and eval.py's
+    items come from one download."""
+    task = TASKS["gsm8k"]
+    return replace(task, file=task.file.replace("test-", f"{split}-"))
 
 
 def parse_names(text):
@@ -112,8 +119,9 @@ def parse_files(pairs):
     return files
 
 
-def resolve_file(task, given=None, hub_url=None):
-    """The file to read for `task`: `given`, or the cached copy, fetched when missing."""
+def resolve_file(task, given=None, hub_url=None, instead=None):
+    """The file to read for `task`: `given`, or the cached copy, fetched when missing.
+    `instead` says what to pass when the download fails (eval.py's --task_file)."""
     if given is not None:
         if not given.exists():
             raise UserError(f"{task.title} file {given} does not exist: pass {task.file.rsplit('/', 1)[-1]} "
@@ -121,20 +129,13 @@ def resolve_file(task, given=None, hub_url=None):
         if not given.is_file():
             raise UserError(f"{task.title} file {given} is not a file: pass {task.file.rsplit('/', 1)[-1]}")
         return given
-    if task.name == "hellaswag":  # the cache --hellaswag download fills
-        return hellaswag.resolve_file("download")
-    from gptkit.interop.hf_gpt2 import DownloadFailed, download_file
-
     path = cache_dir("tasks") / task.name / task.file.rsplit("/", 1)[-1]
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    url = task.url(hub_url)
-    try:
-        download_file(url, path)
-    except DownloadFailed as e:
-        raise UserError(f"could not download {task.title} from {url} ({e.__cause__}). Offline? Fetch the file "
-                        f"elsewhere and pass it: --task_file {task.name}=PATH (or copy it to {path})")
+    instead = instead or f"pass it: --task_file {task.name}=PATH"
+    fetch_whole(task.url(hub_url), path, TASK_FILE_BYTES, task.title, hint=(
+        f". Offline? Fetch the file elsewhere and {instead} (or copy it to {path})"))
     return path
 
 
@@ -244,6 +245,21 @@ def mmlu(row, where):
     return item
 
 
+def hellaswag(row, where):
+    """The Hub's rows (lm-eval's copy) or the authors' hellaswag_val.jsonl: the context,
+    then " " + each of the four endings, as llm.c and lm-eval's completion form score it."""
+    ctx = _text(row, "ctx", where)
+    endings = row.get("endings")
+    if not (isinstance(endings, list) and len(endings) == 4 and all(isinstance(e, str) and e for e in endings)):
+        raise UserError(f'{where}: "endings" must be a list of 4 non-empty strings')
+    label = row.get("label")
+    if isinstance(label, str) and label.isdigit():  # the Hub's copy writes it as a string
+        label = int(label)
+    if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < 4:
+        raise UserError(f'{where}: "label" must be 0, 1, 2 or 3, not {label!r}')
+    return _choice_item(where, ctx, endings, label, ctx)
+
+
 def lambada(row, where):
     text = _text(row, "text", where)
     context, _, word = text.rpartition(" ")
@@ -252,25 +268,41 @@ def lambada(row, where):
     return Item(where, [(context, " " + word)], word)
 
 
-ANSWER_MARK = "####"
+ANSWER_MARK = "####"  # GSM8K's worked answers end with "#### 72"
 
 
 def gsm8k(row, where):
     question = _text(row, "question", where)
-    answer = _text(row, "answer", where)
-    if ANSWER_MARK not in answer:
-        raise UserError(f'{where}: "answer" has no "{ANSWER_MARK} NUMBER" at its end')
-    gold = normal_number(answer.rsplit(ANSWER_MARK, 1)[1])
-    if gold is None:
-        raise UserError(f'{where}: "answer" ends in {answer.rsplit(ANSWER_MARK, 1)[1].strip()!r}, not a number')
+    try:
+        gold = gsm8k_gold(_text(row, "answer", where))
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from None
     return Item(where, [(f"Question: {question}\nAnswer:", "")], gold, question)
+
+
+def gsm8k_gold(answer):
+    """The gold number of a GSM8K answer: what follows its "####" mark, normalised as a
+    reply's number is (normal_number). An answer without the mark, or with nothing but
+    words after it, is refused: it would reward every reply that writes no number."""
+    if ANSWER_MARK not in answer:
+        raise UserError(f'"answer" has no "{ANSWER_MARK} NUMBER" at its end')
+    tail = answer.rsplit(ANSWER_MARK, 1)[1]
+    gold = normal_number(tail)
+    if gold is None:
+        raise UserError(f'"answer" ends in {tail.strip()!r} after "{ANSWER_MARK}", not a number')
+    return gold
 
 
 NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
 
 
 def normal_number(text):
-    """The last number in text with its commas gone and a trailing .0 dropped; None when there is none."""
+    """GSM8K's answer rule: the last number in text (after its last "####" where it writes
+    one, GSM8K's own way), dollar signs and commas gone, a decimal's trailing zeros dropped
+    ("$1,205.00." -> "1205"); None when there is none. eval.py --tasks gsm8k and rl.py's
+    final_number reward both score with it (number_is_right)."""
+    if ANSWER_MARK in text:
+        text = text.rsplit(ANSWER_MARK, 1)[1]
     found = NUMBER.findall(text.replace("$", ""))
     if not found:
         return None
@@ -280,16 +312,20 @@ def normal_number(text):
     return number
 
 
-READERS = {"arc_easy": arc, "arc_challenge": arc, "piqa": piqa, "winogrande": winogrande, "mmlu": mmlu,
-           "lambada": lambada, "gsm8k": gsm8k}
+def number_is_right(reply, gold):
+    """Whether a reply to a GSM8K question is right: its number (normal_number) is the
+    gold one's. The one scorer of GSM8K (as nanochat's tasks/gsm8k.py, whose reward
+    re-uses its evaluation): eval.py's accuracy and rl.py's reward."""
+    want = normal_number(gold)
+    return want is not None and normal_number(reply) == want
+
+
+READERS = {"arc_easy": arc, "arc_challenge": arc, "piqa": piqa, "winogrande": winogrande, "hellaswag": hellaswag,
+           "mmlu": mmlu, "lambada": lambada, "gsm8k": gsm8k}
 
 
 def read_task(task, path, limit=None):
     """The items of `task` from its publisher's file at `path` (the first `limit`)."""
-    if task.name == "hellaswag":
-        items = [_choice_item(f"{path}, line {it['line']}", it["ctx"], it["endings"], it["label"], it["ctx"])
-                 for it in hellaswag.read_items(path)]
-        return items[:limit]
     reader, items = READERS[task.name], []
     for number, row in read_rows(path):
         kind = "line" if path.suffix != ".parquet" else "row"

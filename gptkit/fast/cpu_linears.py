@@ -18,7 +18,7 @@ with its WeightOnlyInt8Linear):
                    matrix faster than PyTorch's product for one row (BENCHMARKS.md)
     Float16Linear  a float16 copy of W and float16 inputs: half the bytes a token
     Int8Linear     W rounded to int8 per output row (w = scale * q, |q| <= 127), a quarter
-                   of the bytes: at one thread on AVX-512 VNNI, inputs rounded to int8 per
+                   of the bytes: at one thread on AVX2 or VNNI, inputs rounded to int8 per
                    row and gptkit/fast/int8_kernel.c's int32 sums; else bfloat16 inputs and
                    torch._weight_int8pack_mm
 
@@ -111,9 +111,11 @@ def int8_rows(weight):
 
 class Int8Linear(nn.Module):
     """x @ Wᵀ + b with W rounded to int8 per output row: a quarter of float32's bytes.
-    Given gptkit/fast/int8_kernel.c's library (one thread, a CPU with AVX-512 VNNI), x is
+    Given gptkit/fast/int8_kernel.c's library (one thread, a CPU with AVX2 or VNNI), x is
     rounded to int8 per row too and the int8 sums run in int32 there; without it x is
-    rounded to bfloat16 and torch._weight_int8pack_mm multiplies (PyTorch's threads)."""
+    rounded to bfloat16 and torch._weight_int8pack_mm multiplies (PyTorch's threads); it
+    reads the inputs in blocks of 16, so a width that is not a multiple of 16 gets zero
+    columns in q and zeros after each input row (each adds 0 * 0 to every sum)."""
 
     def __init__(self, linear, kernel=None, product="torch._weight_int8pack_mm"):
         super().__init__()
@@ -121,7 +123,9 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         q, scale = int8_rows(linear.weight.detach())
-        self.register_buffer("q", q.contiguous(), persistent=False)  # (out, in) int8
+        self.padding = 0 if kernel is not None else -self.in_features % INT8_INPUTS_MULTIPLE
+        # (out, in) int8; (out, in + padding) for torch._weight_int8pack_mm
+        self.register_buffer("q", F.pad(q, (0, self.padding)).contiguous(), persistent=False)
         self.kernel = kernel
         # (out,): float32 for int8_linear, bfloat16 for torch._weight_int8pack_mm
         self.register_buffer("scale", scale.float() if kernel else scale.bfloat16(), persistent=False)
@@ -137,7 +141,7 @@ class Int8Linear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         if self.kernel is not None:
             return self.kernel_product(x)
-        rows = x.reshape(-1, x.size(-1)).bfloat16()  # (N, in)
+        rows = F.pad(x.reshape(-1, x.size(-1)).bfloat16(), (0, self.padding))  # (N, in + padding)
         y = torch._weight_int8pack_mm(rows, self.q, self.scale).float()  # (N, out)
         y = y.view(*x.shape[:-1], y.size(-1))
         return y if self.bias is None else y + self.bias
@@ -162,14 +166,10 @@ def available(weights):
     return None if name is None or hasattr(torch, name) else f"torch.{name}"
 
 
-def unfit(weights, weight, kernel=None):
-    """Why `weights`'s format (int8: with gptkit/fast/int8_kernel.c's `kernel`, or without)
-    cannot hold this weight, or None."""
+def unfit(weights, weight):
+    """Why `weights`'s format cannot hold this weight, or None."""
     if not torch.isfinite(weight).all():
         return "it holds a non-finite value"
-    if weights == "int8" and kernel is None and weight.size(1) % INT8_INPUTS_MULTIPLE:
-        return (f"its {weight.size(1)} inputs are not a multiple of {INT8_INPUTS_MULTIPLE}, "
-                "which torch._weight_int8pack_mm needs")
     if weights == "float16" and weight.abs().max().item() >= F16_OVERFLOW:
         return f"it holds {weight.abs().max().item():.6g}, past float16's largest value 65504"
     return None
@@ -208,7 +208,7 @@ def int8_product():
     kernel, why_not = int8_kernel.load()
     if kernel is None:
         return None, f"torch._weight_int8pack_mm (gptkit/fast/int8_kernel.c not used: {why_not})"
-    return kernel, "gptkit/fast/int8_kernel.c on one thread (AVX-512 VNNI)"
+    return kernel, f"gptkit/fast/int8_kernel.c on one thread ({kernel.isa})"
 
 
 def swap_linears(model, weights, note):
@@ -222,7 +222,7 @@ def swap_linears(model, weights, note):
         kernel, product = int8_product()
         make = functools.partial(Int8Linear, kernel=kernel, product=product)
     for parent, attr, name, linear in list(linears(model)):
-        why = unfit(weights, linear.weight, kernel)
+        why = unfit(weights, linear.weight)
         part = None if why else make(linear)
         why = why or check(part, linear, weights)
         if why:

@@ -30,6 +30,11 @@ from gptkit.models.loading import load_model
 from gptkit.ops.paths import claim_output, shown
 
 
+# Named by the refusal; tests/interop/test_export.py checks that each still exports.
+EXPORTING_CONFIGS = ("LLaMA's architecture (configs/shakespeare_llama.py trains one on a CPU in minutes) "
+                     "or GPT-2's (configs/gpt2.py)")
+
+
 def hf_architecture(config):
     """'gpt2' or 'llama': the transformers architecture that computes what `config` does."""
     gpt2, llama = gpt2_mismatches(config), llama_mismatches(config)
@@ -38,9 +43,9 @@ def hf_architecture(config):
     if not llama:
         return "llama"
     raise UserError(
-        "this model maps onto no Hugging Face architecture we export: as GPT-2 it has "
+        "this model maps onto no Hugging Face architecture we export, nothing was written: as GPT-2 it has "
         + ", ".join(gpt2) + "; as LLaMA it has " + ", ".join(llama)
-        + " (train with GPT-2's or configs/llama2_7b.py's architecture settings to export)"
+        + f". Models that export: {EXPORTING_CONFIGS}"
     )
 
 

@@ -126,9 +126,12 @@ def download(name, sample, base, corpus, files, downloads, progress):
 
 def local_copy(base):
     """The folder `base` names (a path, or a file:// URL), or None for a web address."""
+    from gptkit.prepare.download import web_address
+
     if base.startswith("file://"):
         base = urllib.parse.unquote(urllib.parse.urlsplit(base).path)
     elif "://" in base:
+        web_address(base, "--base_url")  # http(s): ftp://, data: and the like are not opened
         return None
     folder = Path(base).expanduser()
     if not folder.is_dir():

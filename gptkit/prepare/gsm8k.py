@@ -1,7 +1,7 @@
 """GSM8K as chat conversations whose worked answers call the calculator (nanochat's way).
 
-    python prepare.py gsm8k_chat                          # GSM8K's train file, downloaded once
-    python prepare.py gsm8k_chat --input train.jsonl      # a local copy (GSM8K's own jsonl)
+    python prepare.py gsm8k_chat                          # GSM8K's train split, downloaded once
+    python prepare.py gsm8k_chat --input train.jsonl      # a local copy (.jsonl or .parquet rows)
 
 GSM8K's answers carry calculator annotations: "Natalia sold 48/2 = <<48/2=24>>24 clips
 in May.\\n... #### 72". Each <<expression=result>> becomes a tool call in the assistant's
@@ -44,24 +44,29 @@ def gsm8k_messages(question, answer):
 
 
 def gsm8k_conversations(path):
-    """The conversations of a GSM8K jsonl file ({"question", "answer"} a line)."""
-    from gptkit.data.rl_data import read_jsonl
+    """The conversations of a GSM8K file ({"question", "answer"} rows, .jsonl or .parquet, read
+    as eval.py reads its tasks' files)."""
+    from gptkit.evals.tasks import read_rows
 
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"GSM8K file {path} does not exist")
     out = []
-    for n, row in read_jsonl(path, "GSM8K"):
+    for n, row in read_rows(path):
         if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("question", "answer")):
-            raise UserError(f'{path}:{n}: not a GSM8K line {{"question": "...", "answer": "... #### N"}}')
+            raise UserError(f'{path}:{n}: not a GSM8K row {{"question": "...", "answer": "... #### N"}}')
         out.append({"messages": gsm8k_messages(row["question"], row["answer"])})
     return out
 
 
 def prepare_gsm8k_chat(out_dir="data", input_path=None, progress=True):
-    """data/gsm8k_chat: GSM8K's train file (downloaded once, or `input_path`) as conversations
-    with calculator calls, written to conversations.jsonl there, then prepared with GPT-2 BPE."""
-    from gptkit.data.rl_data import gsm8k_file
+    """data/gsm8k_chat: GSM8K's train split (downloaded once into eval.py's cache, where rl.py's
+    GSM8K comes from too, or `input_path`) as conversations with calculator calls, written to
+    conversations.jsonl there, then prepared with GPT-2 BPE."""
+    from gptkit.data.rl_data import gsm8k_path
     from gptkit.prepare.chat import prepare_chat
 
-    source = Path(input_path) if input_path is not None else gsm8k_file("train")
+    source = Path(input_path) if input_path is not None else gsm8k_path("train")
     conversations = gsm8k_conversations(source)  # a bad line fails before the folder is claimed
     folder = claim_output(Path(out_dir) / "gsm8k_chat", "folder", overwrite=True, what="the dataset folder (--data_dir)")
     folder.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,7 @@ from gptkit.ops.errors import RunFailed, UserError, first_line
 
 
 ETA_WINDOW = 100  # steps whose mean duration paces the ETA
+PACE_STEPS = 10  # steps after the first that pace the check of a time budget against the warmup
 
 
 def format_duration(seconds):
@@ -85,9 +86,11 @@ def _json_safe(value):
     return value
 
 
-def trim_metrics(path, resume_iter):
+def trim_metrics(path, resume_iter, eval_kind="eval"):
     """Drop records past a resume point (written after the checkpoint, before a kill),
-    so the file reads as one continuous run. Atomic, like a checkpoint."""
+    so the file reads as one continuous run. The evaluation at the resume point itself
+    (kind `eval_kind`: rl.py's is "rl_eval") came before its checkpoint: it stays.
+    Atomic, like a checkpoint."""
     path = Path(path)
     if not path.is_file():
         return
@@ -98,7 +101,7 @@ def trim_metrics(path, resume_iter):
         except json.JSONDecodeError:
             continue  # a line cut short by a kill
         it = rec.get("iter", -1)
-        if (rec.get("kind") == "eval" and it <= resume_iter) or it < resume_iter:
+        if (rec.get("kind") == eval_kind and it <= resume_iter) or it < resume_iter:
             kept.append(line)
     write_text_atomic(path, "".join(line + "\n" for line in kept))
 
@@ -148,8 +151,11 @@ def mfu_meter(model_cfg, world_size, device, is_main, dtype=torch.float32):
     return mfu
 
 
-def print_done(state, out_dir, start_time):
-    """The run's last line: what it did, where its checkpoints are, how long it took."""
+def print_done(state, out_dir, start_time, note=None):
+    """The run's last line: what it did, where its checkpoints are, how long it took;
+    after a `note` (a budget that ended inside the warmup: optim.Schedule.end_note)."""
+    if note is not None:
+        print(f"note: {note}")
     elapsed = format_duration(time.monotonic() - start_time)
     print(f"done: {state.iter_num} iterations, best val loss {state.best_val_loss:.4f}, "
           f"checkpoints in {out_dir} ({elapsed} in all)")
@@ -161,7 +167,8 @@ class Logger:
     `mfu(tokens_per_s)` gives the model FLOPs utilisation of this rank's share of a
     step's tokens, or None where no peak is known."""
 
-    def __init__(self, cfg, state, run_config, enabled, schedule, write_files=True, tokens_per_iter=0, mfu=None):
+    def __init__(self, cfg, state, run_config, enabled, schedule, default_project, write_files=True,
+                 tokens_per_iter=0, mfu=None):
         self.enabled = enabled
         self.run_config, self.write_files = run_config, write_files
         self.config_path = Path(cfg.out_dir) / "config.json"
@@ -170,16 +177,17 @@ class Logger:
         self.bar = None
         self.wandb = None
         self.metrics = None
-        self.schedule = schedule  # for the ETA (optim.Schedule)
-        self.total_iters = None if cfg.time_budget else cfg.max_iters  # a budget's steps are not known
+        self.schedule = schedule  # for the ETA and the number of steps (optim.Schedule, or rl.py's)
+        self.total_iters = schedule.total_iters  # None: a time budget's steps are not known
         self.step_seconds = collections.deque(maxlen=ETA_WINDOW)  # the latest steps' durations, for the ETA
         self.steps_timed = 0
+        self.pace_from = None  # (steps, budget seconds) after the process's first step
         self.tty = sys.stdout.isatty()
         if not enabled:
             return
         out_dir, start_iter = cfg.out_dir, state.iter_num
         if cfg.wandb_log and write_files:  # first: a wandb failure leaves no files behind
-            self.wandb = start_wandb(cfg, run_config)
+            self.wandb = start_wandb(cfg, run_config, default_project)
         if write_files:
             # A resumed run continues its own log (trimmed to the checkpoint); any
             # other run starts one: metrics.jsonl always holds exactly one run.
@@ -271,6 +279,19 @@ class Logger:
         self.step_seconds.append(seconds)
         if self.bar is not None:
             self.bar.update(1)
+        self.check_budget_pace()
+
+    def check_budget_pace(self):
+        """Once, PACE_STEPS steps after the process's first (which compiles and warms up):
+        a note when the time budget will end the run inside its warmup (optim.Schedule)."""
+        steps, spent = self.state.iter_num + 1, self.schedule.spent_s(self.state)  # this step counted
+        if self.steps_timed == 1:
+            self.pace_from = (steps, spent)
+        elif self.steps_timed == 1 + PACE_STEPS:
+            pace = (spent - self.pace_from[1]) / (steps - self.pace_from[0])
+            note = self.schedule.budget_warmup_note(steps, spent, pace)
+            if note is not None:
+                self.record({"kind": "note", "iter": self.state.iter_num, "note": note})  # as the step's record
 
     @property
     def seconds_per_iter(self):
@@ -355,14 +376,15 @@ def check_wandb_ready():
     )
 
 
-def start_wandb(cfg, run_config):
+def start_wandb(cfg, run_config, default_project):
     """A wandb run; WANDB_MODE=offline writes it under ./wandb without a network.
     The API key stays in the environment (WANDB_API_KEY), never in a setting or a log.
-    Project and run names default to the dataset and the out_dir's name."""
+    Project and run names default to default_project (train.py: the dataset's name) and
+    the out_dir's name."""
     check_wandb_ready()
     import wandb
 
-    project = cfg.wandb_project or cfg.dataset
+    project = cfg.wandb_project or default_project
     name = cfg.wandb_run_name or Path(cfg.out_dir).resolve().name
     try:
         return wandb.init(project=project, name=name, config=run_config)

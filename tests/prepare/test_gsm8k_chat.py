@@ -41,8 +41,15 @@ def test_prepare_gsm8k_chat_from_a_local_file(tmp_path, tiktoken_available):
     assert meta["chat"]["tool_ids"] == tool_ids(50257) and meta["vocab_size"] == 50257 + 8
     written = [json.loads(line) for line in (tmp_path / "data" / "gsm8k_chat" / "conversations.jsonl").open()]
     assert written[3]["messages"] == gsm8k_messages(rows[3]["question"], NATALIA)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train-00000-of-00001.parquet")  # the Hub's layout
+    assert prepare.main(["gsm8k_chat", "--input", str(tmp_path / "train-00000-of-00001.parquet"), "--data_dir",
+                         str(tmp_path / "again")]) == 0
+    assert load_meta(tmp_path / "again", "gsm8k_chat")["fingerprint"] == meta["fingerprint"]
     (source.parent / "bad.jsonl").write_text('{"question": "q"}\n')
     with pytest.raises(UserError) as e:  # before the folder is touched: the dataset stays as it was
         prepare.main(["gsm8k_chat", "--input", str(source.parent / "bad.jsonl"), "--data_dir", str(tmp_path / "data")])
-    assert "bad.jsonl:1: not a GSM8K line" in str(e.value) and "\n" not in str(e.value)
+    assert "bad.jsonl:1: not a GSM8K row" in str(e.value) and "\n" not in str(e.value)
     assert load_meta(tmp_path / "data", "gsm8k_chat") == meta
