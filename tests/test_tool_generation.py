@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from repo import REPO
 from serve_helpers import Server, post
 from test_serve import post_stream
 from test_serve_batch import BASE, alone, collect, texts
@@ -232,3 +233,30 @@ def test_eval_gsm8k_on_a_model_with_tool_tokens_runs_its_calls(run, tmp_path, ca
                              "--no_progress"]) == 0
     (line,) = json.loads(capsys.readouterr().out)["models"][0]["tasks"]["tasks"]
     assert line["form"] == "chat" and line["items"] == 2 and line["acc"] == 0.5  # 408 right, 7 not
+
+
+def test_rl_rollouts_run_the_tool_and_learn_only_the_models_tokens(run, trained, tmp_path):
+    """rl.py on a model with tool tokens: its rollouts run the calculator (serve.py's batch
+    rows), the forced output is masked out of the loss, and the reward reads the final text."""
+    import rl
+
+    model, tokenizer = trained
+    chat = rl.Chat(tokenizer, {}, run, model.config.block_size, model.config.vocab_size)
+    ids = chat.prompt([{"role": "user", "content": "qwerty zx"}])
+    g = torch.Generator().manual_seed(0)
+    replies, masks = rl.tool_replies(model, chat, [ids, ids], 0.0, None, 30, g)
+    special = special_ids(tokenizer.vocab_size, tools=True)
+    forced = [special["<|output|>"], *tokenizer.encode("408"), special["<|/output|>"]]
+    for reply, mask in zip(replies, masks):
+        at = reply.index(special["<|/call|>"]) + 1
+        assert reply[at : at + len(forced)] == forced and len(mask) == len(reply)
+        assert mask == [1] * at + [0] * len(forced) + [1] * (len(reply) - at - len(forced))
+        assert chat.final_text(reply) == "ok" and chat.text(reply) == CALLED
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "qwerty zx", "answer": "ok"}) + "\n")
+    out = tmp_path / "rl"
+    assert rl.main([str(REPO / "configs" / "rl_arithmetic.py"), f"--init_from={run}", f"--out_dir={out}",
+                    f"--task={prompts}", f"--eval_task={prompts}", "--max_new_tokens=30", "--max_iters=1",
+                    "--eval_interval=1", "--prompts_per_step=1", "--group_size=2", "--batch_size=2"]) == 0
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [e["pass1"] for e in evals if e["kind"] == "rl_eval"][0] == 1.0
