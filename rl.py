@@ -56,7 +56,7 @@ class RLConfig:
     out_dir: str = setting("out-rl", "folder for ckpt.pt, best.pt, config.json, metrics.jsonl")
     overwrite: bool = setting(False, "replace a run already in out_dir")
     # prompts with answers: GRPO's training prompts, and every evaluation's
-    task: str = setting("arithmetic", "arithmetic | multiply (a tool model) | gsm8k (reward=final_number) | a .jsonl")
+    task: str = setting("arithmetic", "arithmetic | multiply | gsm8k (reward=final_number) | a .jsonl")
     eval_task: str | None = setting(None, "held-out prompts .jsonl (none: the task's held-out split)")
     reward: str = setting("exact", "exact (the reply is the answer) | final_number (GSM8K's rule)")
     eval_prompts: int = setting(200, "held-out prompts each evaluation answers")

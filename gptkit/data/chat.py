@@ -74,7 +74,9 @@ def chat_vocabulary(model_vocab_size, base_vocab_size):
     tokens, then (a model trained on tool calls) the tool tokens: {name: id}; None for any
     other model."""
     extra = model_vocab_size - base_vocab_size
-    return special_ids(base_vocab_size, extra == len(CHAT_TOKENS)) if extra in (len(TURN_TOKENS), len(CHAT_TOKENS)) else None
+    if extra not in (len(TURN_TOKENS), len(CHAT_TOKENS)):
+        return None
+    return special_ids(base_vocab_size, tools=extra == len(CHAT_TOKENS))
 
 
 def turn_ids(base_vocab_size):
@@ -241,7 +243,8 @@ def check_tool_calls(m, i):
         raise UserError(f"message {i}: only an assistant message has \"tool_calls\", a non-empty list of calls")
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or function.get("name") != TOOL or call.get("type", "function") != "function":
+        named = isinstance(function, dict) and function.get("name") == TOOL
+        if not named or call.get("type", "function") != "function":
             raise UserError(f'message {i}: a tool call must be {{"type": "function", "function": {{"name": "{TOOL}", '
                             '"arguments": {"expression": "..."}}}} (the only tool is the calculator)')
         arguments = function.get("arguments")
@@ -271,7 +274,8 @@ def check_tool_order(messages):
                             "message each), then the assistant's reply goes on")
         waiting = len(m.get("tool_calls") or [])
     if waiting or messages[-1]["role"] == "tool":
-        raise UserError("the conversation ends inside a tool call: its outputs and the assistant's reply must follow")
+        raise UserError("the conversation ends inside a tool call: its outputs and the assistant's reply "
+                        "must follow")
 
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")

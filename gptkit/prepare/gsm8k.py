@@ -68,7 +68,8 @@ def prepare_gsm8k_chat(out_dir="data", input_path=None, progress=True):
 
     source = Path(input_path) if input_path is not None else gsm8k_path("train")
     conversations = gsm8k_conversations(source)  # a bad line fails before the folder is claimed
-    folder = claim_output(Path(out_dir) / "gsm8k_chat", "folder", overwrite=True, what="the dataset folder (--data_dir)")
+    folder = claim_output(Path(out_dir) / "gsm8k_chat", "folder", overwrite=True,
+                          what="the dataset folder (--data_dir)")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "conversations.jsonl"
     with open(path, "w", encoding="utf-8") as f:

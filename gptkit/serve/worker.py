@@ -250,7 +250,8 @@ class Worker:
         def on_token(row, token, logprobs):
             text, entries = row.stream.take_new(), None
             if row.call is not None:  # before its text: the markers and output the call forced in
-                job.emit("tool", {"index": index, "expression": row.call["expression"], "output": row.call["output"]})
+                call = row.call
+                job.emit("tool", {"index": index, "expression": call["expression"], "output": call["output"]})
             if logprobs is not None:
                 if token not in row.stream.stop_tokens:
                     logprob, top = logprobs
