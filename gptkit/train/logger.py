@@ -287,7 +287,7 @@ class Logger:
         steps, spent = self.state.iter_num + 1, self.schedule.spent_s(self.state)  # this step counted
         if self.steps_timed == 1:
             self.pace_from = (steps, spent)
-        elif self.steps_timed == 1 + PACE_STEPS:
+        elif self.steps_timed == 1 + PACE_STEPS and steps > self.pace_from[0]:  # the loop moved iter_num
             pace = (spent - self.pace_from[1]) / (steps - self.pace_from[0])
             note = self.schedule.budget_warmup_note(steps, spent, pace)
             if note is not None:
