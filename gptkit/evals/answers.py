@@ -14,31 +14,11 @@ calls and one trained with them answer the same questions (multiply_plain and
 multiply_tools ask the same ones) and are scored alike.
 """
 
-import dataclasses
-
 import numpy as np
 
 from gptkit.data import dataset
 from gptkit.data.chat import chat_vocabulary, reply_messages
 from gptkit.ops.errors import UserError
-
-
-@dataclasses.dataclass(frozen=True)
-class Greedy:
-    """The sampling settings chat_session.reply reads: greedy, cached, one sample."""
-
-    max_new_tokens: int
-    num_samples: int = 1
-    seed: int = 0
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repetition_penalty: float = 1.0
-    stop: str | None = None
-    use_cache: bool = True
-    shift_context: bool = True
-    compile: bool = False
 
 
 def conversation_messages(ids, tokenizer, special):
@@ -81,7 +61,7 @@ def questions(data_dir, name, split, tokenizer, limit=None):
 
 def answer_exact(model, tokenizer, data_dir, name, split, tools, device, limit=None):
     """(replies whose final text is the reference's, questions asked): --answers."""
-    from gptkit.generation.chat_session import Session, reply
+    from gptkit.generation.chat_session import Greedy, Session, reply
 
     asked = questions(data_dir, name, split, tokenizer, limit)
     if chat_vocabulary(model.config.vocab_size, tokenizer.vocab_size) is None:

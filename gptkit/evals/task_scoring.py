@@ -202,8 +202,7 @@ def tool_number_answers(model, tokenizer, items, device, autocast, max_new=256, 
     """Each question's reply from gptkit/generation/chat_session.py's `reply`, greedy: a call
     the model closes runs, its output forced in (the reply's last number is read, after it).
     A question too long for the context is answered by nothing."""
-    from gptkit.evals.answers import Greedy
-    from gptkit.generation.chat_session import Session, reply
+    from gptkit.generation.chat_session import Greedy, Session, reply
 
     answers = []
     for item in items:

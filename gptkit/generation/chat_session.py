@@ -80,6 +80,24 @@ class Session:
         return ids
 
 
+@dataclasses.dataclass(frozen=True)
+class Greedy:
+    """Sampling settings for `reply` that eval.py uses: greedy, cached, one sample."""
+
+    max_new_tokens: int
+    num_samples: int = 1
+    seed: int = 0
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    stop: str | None = None
+    use_cache: bool = True
+    shift_context: bool = True
+    compile: bool = False
+
+
 def without_first_exchange(history):
     """The history without its oldest exchange: a user message and the reply's messages
     (an assistant's, with its tool calls and their outputs) up to the next user message;

@@ -63,10 +63,11 @@ def prepare_gsm8k_chat(out_dir="data", input_path=None, progress=True):
     """data/gsm8k_chat: GSM8K's train split (downloaded once into eval.py's cache, where rl.py's
     GSM8K comes from too, or `input_path`) as conversations with calculator calls, written to
     conversations.jsonl there, then prepared with GPT-2 BPE."""
-    from gptkit.data.rl_data import gsm8k_path
+    from gptkit.evals.tasks import gsm8k_split, resolve_file
     from gptkit.prepare.chat import prepare_chat
 
-    source = Path(input_path) if input_path is not None else gsm8k_path("train")
+    instead = "pass a .jsonl or .parquet of its rows as --input"
+    source = Path(input_path) if input_path is not None else resolve_file(gsm8k_split("train"), instead=instead)
     conversations = gsm8k_conversations(source)  # a bad line fails before the folder is claimed
     folder = claim_output(Path(out_dir) / "gsm8k_chat", "folder", overwrite=True,
                           what="the dataset folder (--data_dir)")
