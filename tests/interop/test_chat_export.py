@@ -31,11 +31,18 @@ def hf_ids(result):
     return list(result["input_ids"] if hasattr(result, "keys") else result)  # a dict in newer transformers
 
 
-@pytest.mark.parametrize("kind", ["char", "gpt2"])
+def trained_bpe():
+    """A BPE trained as prepare.py --tokenizer bpe trains one, on text the conversations share."""
+    from gptkit.prepare.bpe import train_bpe
+
+    return train_bpe(iter([" ".join(m["content"] for c in CONVERSATIONS for m in c) * 30]), 280)
+
+
+@pytest.mark.parametrize("kind", ["char", "gpt2", "bpe"])
 def test_apply_chat_template_gives_our_prompt_ids(tmp_path, kind, request):
     if kind == "gpt2":
         request.getfixturevalue("tiktoken_available")
-    tok = CharTokenizer(CHARS) if kind == "char" else GPT2Tokenizer()
+    tok = {"char": lambda: CharTokenizer(CHARS), "gpt2": GPT2Tokenizer, "bpe": trained_bpe}[kind]()
     assert convert.main([str(chat_run(tmp_path, tok)), str(tmp_path / "hf"), "--to", "hf"]) == 0
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     turns = turn_ids(tok.vocab_size)
