@@ -11,7 +11,7 @@ import textwrap
 from repo import REPO
 
 ROOT_SCRIPTS = {"prepare.py", "train.py", "sample.py", "model.py", "eval.py", "lab.py", "bench.py", "convert.py", "serve.py",
-                "rl.py"}
+                "rl.py", "pipeline.py"}
 
 
 def package_modules():
