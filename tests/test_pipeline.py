@@ -1,0 +1,150 @@
+"""pipeline.py: the tiny size end to end, stopped twice (inside pretraining, then between
+stages) and resumed; finished stages are never run again, and report.md's figures are
+the ones the stages' own logs and JSON files hold."""
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from repo import REPO, SHAKESPEARE, reset_sigint
+from task_files import write_task
+
+from gptkit.pipeline import runner
+from gptkit.pipeline.stages import STAGES
+
+TASKS = ("arc_easy", "piqa")
+
+
+def pipeline_command(run, tasks):
+    files = [f"--task_file={name}={path}" for name, path in tasks.items()]
+    return [sys.executable, str(REPO / "pipeline.py"), "--size=tiny", f"--out_dir={run}",
+            f"--tasks={','.join(tasks)}", *files]
+
+
+def environment():
+    # Tiny Shakespeare from its local copy; tiny models: one thread each is faster on shared cores.
+    return dict(os.environ, TINYSHAKESPEARE=str(SHAKESPEARE), OMP_NUM_THREADS="1")
+
+
+def interrupt_when(command, ready, out, timeout=300):
+    """Start the pipeline, Ctrl-C it (SIGINT, as a terminal sends) once ready() holds; its exit code."""
+    with open(out, "ab") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=environment(),
+                                 preexec_fn=reset_sigint)
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert child.poll() is None, f"the pipeline ended before the interruption: {out.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, "the pipeline never reached the point to interrupt"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    return child.wait(timeout=120)
+
+
+def last(pattern, text):
+    found = re.findall(pattern, text, re.M)
+    assert found, f"{pattern!r} not found"
+    return found[-1]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The tiny size with two task files, Ctrl-C'd in pretraining and between stages, then finished."""
+    if not SHAKESPEARE.is_file():
+        pytest.skip(f"Tiny Shakespeare not found at {SHAKESPEARE} (set TINYSHAKESPEARE=path)")
+    tmp = tmp_path_factory.mktemp("pipeline")
+    tasks = {name: write_task(tmp / "tasks", name) for name in TASKS}
+    run, out = tmp / "run", tmp / "console.txt"
+    command = pipeline_command(run, tasks)
+    pretrain_log = run / "logs" / "pretrain.log"
+    in_training = interrupt_when(command, lambda: pretrain_log.is_file() and "step 5/" in pretrain_log.read_text(),
+                                 out)
+    between = interrupt_when(command, lambda: (run / "stages" / "chat_data.json").is_file(), out)
+    snapshot = {p.name: p.read_text() for p in (run / "stages").glob("*.json") if "partial" not in p.name}
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=environment(), timeout=600)
+    return {"run": run, "codes": (in_training, between, done.returncode), "console": out.read_text() + done.stdout,
+            "final": done, "snapshot": snapshot, "tasks": tasks}
+
+
+@pytest.mark.slow
+def test_the_tiny_size_runs_every_stage_resuming_after_two_interruptions(tiny_run):
+    run, final = tiny_run["run"], tiny_run["final"]
+    assert tiny_run["codes"] == (130, 130, 0), final.stdout + final.stderr
+    assert "interrupted during pretraining" in tiny_run["console"]
+    for stage in STAGES:
+        assert (run / "stages" / f"{stage.name}.json").is_file(), stage.name
+    assert not list((run / "stages").glob("*.partial.json"))
+    # The stage stopped inside resumed from its checkpoint, as train.py resumes.
+    pretrain = json.loads((run / "stages" / "pretrain.json").read_text())
+    assert pretrain["attempts"] == 2 and pretrain["commands"][-1].endswith("--init_from=resume")
+    assert pretrain["figures"]["iterations"] == 20
+    # Stages finished before the last run were not run again: their markers and logs are as they were.
+    for name, text in tiny_run["snapshot"].items():
+        assert (run / "stages" / name).read_text() == text, name
+    for name in ("corpus", "chat_data"):
+        assert (run / "logs" / f"{name}.log").read_text().count("=== ") == 1
+    assert final.stdout.count("done before, skipped") == len(tiny_run["snapshot"])
+    # What it made: the exports, and the command that serves them.
+    assert (run / "hf" / "tokenizer.json").is_file() and (run / "model.gguf").is_file()
+    assert f"serve.py --out_dir {run / 'rl'}" in final.stdout
+
+
+@pytest.mark.slow
+def test_the_report_holds_the_figures_of_the_stages_own_logs(tiny_run):
+    run = tiny_run["run"]
+    report = (run / "report.md").read_text()
+    pretrain_log = (run / "logs" / "pretrain.log").read_text()
+    train_loss, val_loss = last(r"^eval 20 \| train loss ([\d.]+) \| val loss ([\d.]+)", pretrain_log)
+    assert f"| {float(train_loss):.4f} / {float(val_loss):.4f} |" in report
+    sft_loss = last(r"^eval 10 \| train loss [\d.]+ \| val loss ([\d.]+)", (run / "logs" / "sft.log").read_text())
+    assert f"val loss {float(sft_loss):.4f}" in report
+    rl_log = (run / "logs" / "rl.log").read_text()
+    before, after = (float(last(rf"^eval {step} \| pass1 ([\d.]+)", rl_log)) for step in (0, 2))
+    assert f"before RL | {100 * before:.1f}% |" in report and f"after RL | {100 * after:.1f}% |" in report
+    scored = json.loads((run / "card-pretrain-bpb.json").read_text())["models"][0]  # eval.py's own JSON
+    assert f"{scored['loss']:.4f} / {scored['bpb']:.4f}" in report
+    for card_file in ("card-pretrain.json", "card-final.json"):
+        card = json.loads((run / card_file).read_text())["models"][0]["tasks"]
+        assert f"**{100 * card['summary']:.1f}%" in report
+        for task in card["tasks"]:
+            assert re.search(rf"\| {task['title']} \|.*\| {task['items']} \| {100 * task[task['metric']]:.1f}%", report)
+    # Each stage's commands are the ones its log shows being run.
+    for stage in STAGES:
+        log = (run / "logs" / f"{stage.name}.log").read_text()
+        for command in json.loads((run / "stages" / f"{stage.name}.json").read_text())["commands"]:
+            assert f"$ {command}\n" in log and f"   {command}\n" in report
+    assert "![loss curves](loss.png)" in report and (run / "loss.png").stat().st_size > 1000
+    assert re.search(r"\| torch \| \d", report) and re.search(r"\| CPU \| .*(AVX|neither)", report)
+
+
+def test_a_run_folder_keeps_its_settings_and_bad_choices_fail_before_any_stage(tmp_path):
+    base = [sys.executable, str(REPO / "pipeline.py"), "--size=tiny", f"--out_dir={tmp_path / 'run'}"]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "pipeline.json").write_text(json.dumps({"size": "laptop"}))
+    for args, message in ((["--tasks=none"], "holds a pipeline run with other settings"),
+                          (["--corpus", str(tmp_path / "nothing")], "neither shakespeare"),
+                          (["--task_file=arc_easy"], "expected NAME=PATH"),
+                          (["--shards=2"], "--shards goes with a downloaded corpus")):
+        result = subprocess.run(base + args, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, args
+        assert not {"stages", "logs", "data"} & {p.name for p in (tmp_path / "run").iterdir()}
+
+
+def test_without_a_terminal_a_progress_line_comes_at_least_every_heartbeat(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    progress = runner.Progress({"pretrain": 100, "sft": 50}, stream=out)
+    progress.start(2, 9, STAGES[1], [])
+    progress.line("step 5/20 | loss 5.1 | eta 1m30s")
+    lines = out.getvalue().count("\n")
+    for _ in range(3):
+        clock[0] += runner.HEARTBEAT_S
+        progress.tick(["sft"])
+    printed = out.getvalue().splitlines()[lines:]
+    assert len(printed) == 3 and all("pipeline eta 2m20s" in line for line in printed)  # 1m30s + sft's 50 s
