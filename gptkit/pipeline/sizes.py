@@ -9,9 +9,9 @@ afford a large one.
 The architecture is LLaMA's (RoPE, RMSNorm, SwiGLU, no biases, untied), the one that
 exports both to Hugging Face (LlamaForCausalLM) and to llama.cpp (docs/export.md).
 
-`expected_s`: wall seconds each stage took when measured (docs/pipeline.md says
-where and how); the progress line's ETA starts from them and corrects them by how
-fast this machine ran the stages already done.
+`expected_s`: the wall seconds each stage is expected to take (docs/pipeline.md says
+how they were found); the progress line's ETA starts from them and corrects them by
+how fast this machine ran the stages already done.
 """
 
 LLAMA = {"pos_encoding": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "tie_embeddings": False,
@@ -32,20 +32,24 @@ SIZES = {
         "expected_s": {"corpus": 5, "pretrain": 10, "card": 8, "chat_data": 6, "sft": 8, "rl": 8, "card_after": 8,
                        "export": 8, "report": 5},
     },
-    # A laptop's hour on 2 CPU cores (expected_s: measured stage by stage, not end to end).
+    # A laptop's hour on 2 CPU cores: the two training stages end on a budget of CPU
+    # seconds (train.py --time_budget, its own clock); the rest measured stage by stage
+    # in CPU seconds on short runs, not end to end (docs/pipeline.md).
     "laptop": {
-        "vocab_size": 4096,
-        "model": {"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": 256},
-        "pretrain": {"batch_size": 16, "gradient_accumulation_steps": 1, "max_iters": 3000, "learning_rate": 1e-3,
-                     "min_lr": 1e-4, "warmup_iters": 100, "eval_interval": 500, "eval_iters": 20, "log_interval": 50},
-        "sft": {"batch_size": 32, "gradient_accumulation_steps": 1, "max_iters": 600, "learning_rate": 1e-3,
-                "min_lr": 1e-4, "warmup_iters": 30, "eval_interval": 200, "eval_iters": 20, "log_interval": 50},
-        "rl": {"group_size": 16, "prompts_per_step": 16, "max_new_tokens": 6, "max_iters": 100, "eval_interval": 50,
-               "eval_prompts": 200, "log_interval": 10, "batch_size": 64, "learning_rate": 3e-4},
+        "vocab_size": 2048,
+        "model": {"n_layer": 4, "n_head": 4, "n_embd": 192, "block_size": 128},
+        "pretrain": {"batch_size": 32, "gradient_accumulation_steps": 1, "max_iters": 20000, "time_budget": 2400,
+                     "learning_rate": 1e-3, "min_lr": 1e-4, "warmup_iters": 50, "eval_interval": 250,
+                     "eval_iters": 10, "log_interval": 25},
+        "sft": {"batch_size": 32, "gradient_accumulation_steps": 1, "max_iters": 5000, "time_budget": 480,
+                "learning_rate": 1e-3, "min_lr": 1e-4, "warmup_iters": 20, "eval_interval": 100, "eval_iters": 10,
+                "log_interval": 25},
+        "rl": {"group_size": 8, "prompts_per_step": 8, "max_new_tokens": 6, "max_iters": 40, "eval_interval": 20,
+               "eval_prompts": 100, "log_interval": 5, "batch_size": 64, "learning_rate": 3e-4},
         "card_tokens": 0,  # 0: the whole val split
-        "card_limit": 500,  # eval.py --limit: each task's first 500 items
-        "expected_s": {"corpus": 10, "pretrain": 2400, "card": 120, "chat_data": 10, "sft": 600, "rl": 400,
-                       "card_after": 120, "export": 20, "report": 10},
+        "card_limit": 200,  # eval.py --limit: each task's first 200 items
+        "expected_s": {"corpus": 10, "pretrain": 1500, "card": 150, "chat_data": 15, "sft": 300, "rl": 300,
+                       "card_after": 150, "export": 30, "report": 15},
     },
     # GPT-2 124M's shape on a node of GPUs (documented, not measured here): run it with
     # --corpus fineweb_edu --shards N --nproc_per_node 8.
