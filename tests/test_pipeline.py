@@ -147,4 +147,25 @@ def test_without_a_terminal_a_progress_line_comes_at_least_every_heartbeat(monke
         clock[0] += runner.HEARTBEAT_S
         progress.tick(["sft"])
     printed = out.getvalue().splitlines()[lines:]
-    assert len(printed) == 3 and all("pipeline eta 2m20s" in line for line in printed)  # 1m30s + sft's 50 s
+    # train.py's own eta, counted down since it was printed, and the 50 s stated for the sft stage
+    assert [re.search(r"pipeline eta (\S+)", line).group(1) for line in printed] == ["1m50s", "1m20s", "50s"]
+
+
+def test_each_corpus_becomes_our_bpe_trained_on_its_text(tmp_path, monkeypatch):
+    """A web corpus is downloaded by prepare.py, then our BPE is trained on its Parquet files;
+    Tiny Shakespeare comes from $TINYSHAKESPEARE, else prepare.py's download; a path is read."""
+    from gptkit.pipeline.sizes import SIZES
+    from gptkit.pipeline.stages import Run, corpus_commands
+
+    def commands(corpus, **kw):
+        return [c.argv[2:] for c in corpus_commands(Run(tmp_path, SIZES["laptop"], corpus=corpus, **kw))]
+
+    bpe = ["--tokenizer=bpe", "--vocab_size=2048", "--name=corpus", f"--data_dir={tmp_path / 'data'}"]
+    assert commands("fineweb_edu", shards=2) == [
+        ["fineweb_edu", "--shards=2", f"--data_dir={tmp_path / 'data'}"],
+        ["--input", str(tmp_path / "data" / "fineweb_edu" / "download"), *bpe]]
+    monkeypatch.setenv("TINYSHAKESPEARE", str(tmp_path / "input.txt"))
+    assert commands("shakespeare") == [["--input", str(tmp_path / "input.txt"), *bpe]]
+    monkeypatch.delenv("TINYSHAKESPEARE")
+    assert commands("shakespeare")[0] == ["shakespeare_char", f"--data_dir={tmp_path / 'data'}"]
+    assert commands(str(tmp_path / "books")) == [["--input", str(tmp_path / "books"), *bpe]]

@@ -65,19 +65,23 @@ class Progress:
         self.stream = stream
         self.tty = stream.isatty()
         self.spent = {}  # stage -> wall seconds, for the stages run in this invocation
-        self.stage, self.started, self.last_line, self.last_print = None, 0.0, "", 0.0
+        self.stage, self.started, self.last_line, self.last_print, self.line_at = None, 0.0, "", 0.0, 0.0
 
     def speed(self):
-        done = [s for s in self.spent if self.expected.get(s)]
+        """Wall seconds here per stated second, from the stages done that were stated to take a
+        minute or more (a few seconds' stage is mostly start-up: no guide to the long ones)."""
+        done = [s for s in self.spent if self.expected.get(s, 0) >= 60]
         if not done:
             return 1.0
         return sum(self.spent[s] for s in done) / sum(self.expected[s] for s in done)
 
     def eta(self, remaining_stages):
-        elapsed = time.monotonic() - self.started
+        now = time.monotonic()
         own = ETA_IN_LINE.search(self.last_line)
-        current = parse_duration(own.group(1)) if own else max(0.0, self.expected.get(self.stage, 0) * self.speed()
-                                                                 - elapsed)
+        if own:  # the command's own eta, counted down since it printed it
+            current = max(0.0, parse_duration(own.group(1)) - (now - self.line_at))
+        else:
+            current = max(0.0, self.expected.get(self.stage, 0) * self.speed() - (now - self.started))
         return current + self.speed() * sum(self.expected.get(s, 0) for s in remaining_stages)
 
     def start(self, number, total, stage, commands):
@@ -89,11 +93,11 @@ class Progress:
 
     def line(self, text):
         if text.strip():
-            self.last_line = text.strip()
+            self.last_line, self.line_at = text.strip(), time.monotonic()
 
     def tick(self, remaining_stages, force=False):
         now = time.monotonic()
-        status = (f"  {self.stage} {format_duration(now - self.started)} | {self.last_line[:90]} | "
+        status = (f"  {self.stage} {format_duration(now - self.started)} | {self.last_line[:100]} | "
                   f"pipeline eta {format_duration(self.eta(remaining_stages))}")
         if self.tty:
             width = os.get_terminal_size(self.stream.fileno()).columns if self.stream.isatty() else 120
