@@ -148,7 +148,7 @@ def test_without_a_terminal_a_progress_line_comes_at_least_every_heartbeat(monke
         progress.tick(["sft"])
     printed = out.getvalue().splitlines()[lines:]
     # train.py's own eta, counted down since it was printed, and the 50 s stated for the sft stage
-    assert [re.search(r"pipeline eta (\S+)", line).group(1) for line in printed] == ["1m50s", "1m20s", "50s"]
+    assert [re.search(r"pipeline eta (\S+) \|", line).group(1) for line in printed] == ["1m50s", "1m20s", "50s"]
 
 
 def test_each_corpus_becomes_our_bpe_trained_on_its_text(tmp_path, monkeypatch):

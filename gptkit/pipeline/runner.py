@@ -97,8 +97,8 @@ class Progress:
 
     def tick(self, remaining_stages, force=False):
         now = time.monotonic()
-        status = (f"  {self.stage} {format_duration(now - self.started)} | {self.last_line[:100]} | "
-                  f"pipeline eta {format_duration(self.eta(remaining_stages))}")
+        status = (f"  {self.stage} {format_duration(now - self.started)}, pipeline eta "
+                  f"{format_duration(self.eta(remaining_stages))} | {self.last_line[:100]}")
         if self.tty:
             width = os.get_terminal_size(self.stream.fileno()).columns if self.stream.isatty() else 120
             self.stream.write("\r\033[K" + status[: width - 1])
