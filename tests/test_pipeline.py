@@ -82,6 +82,7 @@ def test_the_tiny_size_runs_every_stage_resuming_after_two_interruptions(tiny_ru
     # The stage stopped inside resumed from its checkpoint, as train.py resumes.
     pretrain = json.loads((run / "stages" / "pretrain.json").read_text())
     assert pretrain["attempts"] == 2 and pretrain["commands"][-1].endswith("--init_from=resume")
+    assert pretrain["commands"][0].endswith("--init_from=scratch --overwrite=true")  # the first try's, kept
     assert pretrain["figures"]["iterations"] == 20
     # Stages finished before the last run were not run again: their markers and logs are as they were.
     for name, text in tiny_run["snapshot"].items():

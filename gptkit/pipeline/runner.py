@@ -149,7 +149,7 @@ class Signals:
 
 
 def read_chunks(stream, out):
-    """The child's output as text pieces, split where a line ends (\\n or \\r), into `out`."""
+    """The child's output into `out` as text, piece by piece as it comes; None at its end."""
     for chunk in iter(lambda: stream.read1(1 << 16), b""):
         out.put(chunk.decode("utf-8", "replace"))
     out.put(None)
@@ -165,26 +165,35 @@ def run_command(argv, log, progress, signals, remaining):
     pieces = queue.Queue()
     threading.Thread(target=read_chunks, args=(child.stdout, pieces), daemon=True).start()
     text = []
-    while True:
-        try:
-            piece = pieces.get(timeout=1.0)
-        except queue.Empty:
-            progress.tick(remaining)
-            continue
-        if piece is None:
-            break
-        text.append(piece)
-        log.write(piece)
-        log.flush()
-        for line in re.split(r"[\r\n]", piece):
-            progress.line(line)
-        progress.tick(remaining)
+    try:
+        while (piece := next_piece(pieces, progress, remaining)) is not None:
+            text.append(piece)
+            log.write(piece)
+            log.flush()
+            for line in re.split(r"[\r\n]", piece):
+                progress.line(line)
+    except BaseException:  # the pipeline itself failed (a full disk for the log): no child left running alone
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait()
+        raise
     _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
     child.stdout.close()
     signals.child = None
     cpu = usage.ru_utime + usage.ru_stime
     return child.returncode, "".join(text), time.monotonic() - started, cpu, usage.ru_maxrss * 1024
+
+
+def next_piece(pieces, progress, remaining):
+    """The next piece of output (None at the end), ticking the progress line at least every second."""
+    while True:
+        try:
+            piece = pieces.get(timeout=1.0)
+        except queue.Empty:
+            progress.tick(remaining)
+            continue
+        progress.tick(remaining)
+        return piece
 
 
 def shown(argv):
@@ -242,9 +251,10 @@ def run_stage(run, stage, progress, signals, remaining):
     except (Interrupted, RunFailed, UserError):
         write_json(partial_path, {"wall_s": spent["wall_s"] + wall, "cpu_s": spent["cpu_s"] + cpu,
                                   "peak_rss_bytes": max(spent["peak_rss_bytes"], peak),
-                                  "attempts": spent["attempts"] + 1})
+                                  "attempts": spent["attempts"] + 1, "commands": spent.get("commands", []) + argvs})
         raise
-    marker = {"stage": stage.name, "title": stage.title, "commands": argvs, "resumes": stage.resumes,
+    marker = {"stage": stage.name, "title": stage.title, "commands": spent.get("commands", []) + argvs,
+              "resumes": stage.resumes,
               "wall_s": spent["wall_s"] + wall, "cpu_s": spent["cpu_s"] + cpu,
               "peak_rss_mb": max(spent["peak_rss_bytes"], peak) / 2**20, "attempts": spent["attempts"] + 1,
               "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "log": str(log_path.relative_to(run.folder)),
