@@ -31,7 +31,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gptkit.errors import ArgumentParser, run_main
+from gptkit.ops.errors import ArgumentParser, run_main
 
 SUITES = {
     "prepare": "benchmarks.bench_prepare",

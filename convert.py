@@ -17,13 +17,13 @@ with QK-norm); other architectures are an error naming the settings that do not 
 (gptkit/interop/gguf_export.py; docs/gguf.md shows how to run the file).
 
 --to pt turns the sharded checkpoint of an FSDP run (OUT_DIR/ckpt/) into one
-ckpt.pt file, which any run resumes and sample.py reads (gptkit/train/sharded.py; the format: gptkit/sharded.py).
+ckpt.pt file, which any run resumes and sample.py reads (gptkit/train/sharded.py; the format: gptkit/ops/sharded.py).
 """
 
 import argparse
 
-from gptkit.errors import ArgumentParser, UserError, run_main
-from gptkit.paths import claim_output
+from gptkit.ops.errors import ArgumentParser, UserError, run_main
+from gptkit.ops.paths import claim_output
 
 FORMATS = {
     "hf": "a Hugging Face folder: model, config and tokenizer (transformers loads it)",

@@ -1,9 +1,9 @@
-"""Score checkpoints on any text, a prepared split or HellaSwag, and compare them in one table.
+"""Score checkpoints on any text, a prepared split or the standard tasks, and compare them in one table.
 
     python eval.py out-shakespeare-char --input held_out.txt       # a text, a folder, a .jsonl, a .parquet
     python eval.py out-a out-b/best.pt --dataset shakespeare_char --split val
     python eval.py --init_from gpt2 --input held_out.txt --stride 512
-    python eval.py out-shakespeare --init_from gpt2 --hellaswag download --json results.json
+    python eval.py out-shakespeare --init_from gpt2 --tasks hellaswag --json results.json
     python eval.py out-chat-arithmetic --dataset arithmetic_chat --exact_match   # a chat split: replies' loss, exact match
     python eval.py out-a out-b --tasks core                        # the report card: ARC, PIQA, Winogrande, ...
     python eval.py out-chat --tasks chat --json card.json          # a chat model: letters and GSM8K as a conversation
@@ -17,30 +17,29 @@ comes out the same; a smaller stride gives each token more context and costs
 block_size/stride times the work). Each model reads the text with its own
 tokenizer. Reported: loss (nats per token), perplexity, bits per byte (total
 nats / (ln 2 x the UTF-8 bytes of the scored tokens), comparable across
-tokenizers) and the token and byte counts; with --hellaswag FILE also HellaSwag
-accuracy in its completion form (acc: the ending with the lowest summed token
-loss; acc_norm: the lowest mean, llm.c's figure). With --tasks the standard tasks
-(ARC, PIQA, Winogrande, HellaSwag, MMLU, LAMBADA, GSM8K; gptkit/tasks.py) are scored
+tokenizers) and the token and byte counts. With --tasks the standard tasks
+(ARC, PIQA, Winogrande, HellaSwag, MMLU, LAMBADA, GSM8K; gptkit/evals/tasks.py) are scored
 as lm-evaluation-harness scores them and printed as one report card with its
-centered-accuracy summary (gptkit/report_card.py). Errors exit with code 2.
+centered-accuracy summary and standard errors (gptkit/evals/report_card.py). Errors exit with code 2.
 
 `eval.py plot OUT_DIR ...` draws the training curves instead: train and val loss
-and the learning rate of each run, from its metrics.jsonl (gptkit/plot.py; needs
+and the learning rate of each run, from its metrics.jsonl (gptkit/evals/plot.py; needs
 matplotlib). A checkpoint folder named `plot` is written ./plot.
 """
 
 import argparse
 import sys
 
-from gptkit.errors import quiet_start
+from gptkit.ops.errors import quiet_start
 
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 import torch
 
-from gptkit import evaluation, hellaswag, tasks
-from gptkit.device import DTYPES, resolve_device, training_dtype
-from gptkit.errors import ArgumentParser, UserError, run_main
-from gptkit.paths import claim_output
+from gptkit.evals import evaluation
+from gptkit.evals import tasks
+from gptkit.ops.device import DTYPES, resolve_device, training_dtype
+from gptkit.ops.errors import ArgumentParser, UserError, run_main
+from gptkit.ops.paths import claim_output
 
 
 def parse_args(argv):
@@ -57,7 +56,7 @@ def parse_args(argv):
     text.add_argument("--dataset", help="a dataset prepared by prepare.py (under --data_dir): score a whole split")
     parser.add_argument("--split", choices=("val", "train"), default="val", help="with --dataset (default: %(default)s)")
     parser.add_argument("--data_dir", default="data", help="folder holding the dataset folders (default: %(default)s)")
-    parser.add_argument("--hellaswag", metavar="FILE", help=f"{hellaswag.FILE_NAME}, or 'download' to fetch it once")
+    parser.add_argument("--hellaswag", help=argparse.SUPPRESS)  # gone: HellaSwag is one of --tasks
     parser.add_argument("--tasks", metavar="NAMES",
                         help=f"standard tasks, comma-separated: {', '.join(tasks.TASKS)}, or a set: "
                         + "; ".join(f"{k} ({', '.join(v)})" for k, v in tasks.SETS.items() if k != "all") + "; all")
@@ -84,8 +83,11 @@ def parse_args(argv):
     problems = []
     if not args.models and not args.init_from:
         problems.append("give at least one checkpoint or out_dir, or --init_from gpt2")
-    if not (args.input or args.dataset or args.hellaswag or args.tasks):
-        problems.append("say what to score: --input PATH, --dataset NAME, --hellaswag FILE or --tasks NAMES")
+    if args.hellaswag is not None:
+        problems.append("--hellaswag is gone: use --tasks hellaswag (and --task_file hellaswag=FILE for a local "
+                        "copy); its acc_norm is lm-evaluation-harness's, per character (docs/evaluation.md)")
+    elif not (args.input or args.dataset or args.tasks):
+        problems.append("say what to score: --input PATH, --dataset NAME or --tasks NAMES")
     for name, low in (("stride", 1), ("batch_size", 1), ("max_tokens", 2), ("limit", 1)):
         value = getattr(args, name)
         if value is not None and value < low:
@@ -115,7 +117,7 @@ def read_tasks(args):
 
 def plot_main(argv):
     """`eval.py plot OUT_DIR ... [--out FILE]`: the loss curves of training runs."""
-    from gptkit import plot
+    from gptkit.evals import plot
 
     parser = ArgumentParser(
         prog="eval.py plot", description="Plot train/val loss and learning rate of training runs (needs matplotlib)."
@@ -147,15 +149,14 @@ def main(argv=None):
     # Check the inputs before loading any model: a bad file fails fast.
     texts = evaluation.InputText(args.input) if args.input else None
     split = (args.data_dir, args.dataset, args.split) if args.dataset else None
-    items = hellaswag.read_items(hellaswag.resolve_file(args.hellaswag)) if args.hellaswag else None
     task_items = read_tasks(args) if args.tasks else None
     source = " ".join(args.input) if args.input else f"{args.dataset}/{args.split}" if args.dataset else None
 
     results = []
     for spec, init_from in [(m, False) for m in args.models] + [(m, True) for m in args.init_from]:
         candidate = evaluation.load_candidate(spec, init_from)
-        result = evaluation.evaluate_candidate(candidate, settings, texts, split, items, args.exact_match,
-                                               task_items, args.batch_size or 32)
+        result = evaluation.evaluate_candidate(candidate, settings, texts, split, args.exact_match, task_items,
+                                               args.batch_size or 32)
         print(candidate.summary, file=sys.stderr)  # after the checks: a mistake's error is the only line
         if result.score is not None:
             s = result.score
@@ -178,12 +179,11 @@ def main(argv=None):
             if result.exact_match is not None:
                 print(evaluation.exact_match_lines(result))
         if task_items:
-            from gptkit.report_card import card_table
+            from gptkit.evals.report_card import card_table
 
             print(card_table(results))
-            print("centered = (acc - random) / (1 - random); summary: their mean over the tasks (docs/evaluation.md)")
-        if items is not None:
-            print("HellaSwag: acc picks the ending with the lowest summed token loss, acc_norm the lowest mean; chance is 25%")
+            print("centered = (acc - random) / (1 - random); summary: their mean over the tasks; ± one standard "
+                  "error, sqrt(p(1 - p) / (n - 1)) as lm-evaluation-harness's acc_stderr (docs/evaluation.md)")
     return 0
 
 

@@ -10,20 +10,20 @@ attention). Keys are read as lines from stdin, so a pipe can drive it too:
     python lab.py --text "a b c d e" --no_interactive
     printf '\\n\\nm\\nq\\n' | python lab.py
     python lab.py --scaling                # why the scores are divided by √d_k
-    python lab.py params configs/gpt2.py   # where GPT-2's 124M parameters are (gptkit/params.py)
+    python lab.py params configs/gpt2.py   # where GPT-2's 124M parameters are (gptkit/models/params.py)
 """
 
 import math
 import sys
 from dataclasses import dataclass
 
-from gptkit.errors import quiet_start
+from gptkit.ops.errors import quiet_start
 
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 import torch
 
-from gptkit import params
-from gptkit.errors import ArgumentParser, UserError, run_main
+from gptkit.models import params
+from gptkit.ops.errors import ArgumentParser, UserError, run_main
 from model import CausalSelfAttention, GPTConfig, reference_attention
 
 DEFAULT_TEXT = "the cat sat on mat"

@@ -18,7 +18,7 @@ One forward pass, for token ids idx of shape (B, T):
 Generating text: `GPT.generate` is nanoGPT's loop (crop, forward, sample), with no
 cache. A KVCache keeps the keys and values of past tokens so that
 `next_token_logits(new_tokens, cache)` runs the model on the new tokens only;
-gptkit/generate.py builds sample.py's generation on it (cache policies past
+gptkit/generation/generate.py builds sample.py's generation on it (cache policies past
 block_size, top_p, min_p, repetition penalty, stop tokens). A BatchKVCache holds rows of
 different lengths, each at its own positions (serve.py's continuous batching).
 
@@ -372,7 +372,7 @@ def widened(t, like, width):
 
 def rows(table, start, T):
     """table[start : start + T]. A compiled decoding step passes start as a 0-d tensor
-    (gptkit/compiled_decode.py), which torch.compile must not read as a Python int
+    (gptkit/fast/compiled_decode.py), which torch.compile must not read as a Python int
     (it would recompile for every position): then the rows are gathered by index. A
     BatchKVCache's start is (B, 1), one position per row: the rows are then (B, T, ...)."""
     if isinstance(start, int):

@@ -16,7 +16,7 @@ stops (train.py and rl.py save a checkpoint) and the same command resumes it
 (docs/pipeline.md).
 """
 
-from gptkit.errors import quiet_start
+from gptkit.ops.errors import quiet_start
 
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 import json
@@ -24,8 +24,8 @@ import os
 import sys
 from pathlib import Path
 
-from gptkit.errors import EXIT_INTERRUPTED, ArgumentParser, UserError, run_main
-from gptkit.lock import FolderLock
+from gptkit.ops.errors import EXIT_INTERRUPTED, ArgumentParser, UserError, run_main
+from gptkit.ops.lock import FolderLock
 from gptkit.pipeline.report import write_report
 from gptkit.pipeline.runner import Interrupted, Progress, run_stages
 from gptkit.pipeline.sizes import SIZES

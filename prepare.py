@@ -13,10 +13,10 @@ What the files hold and how they are written: gptkit/prepare/build.py.
 
 import argparse
 
-from gptkit.errors import quiet_start
+from gptkit.ops.errors import quiet_start
 
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
-from gptkit.errors import ArgumentParser, UserError, run_main
+from gptkit.ops.errors import ArgumentParser, UserError, run_main
 from gptkit.prepare.build import DOWNLOADED_CORPORA, NAMED_DATASETS, check_dataset_name, prepare_dataset
 from gptkit.prepare.named import prepare_named
 from gptkit.prepare.shakespeare import SHAKESPEARE_URL

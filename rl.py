@@ -7,8 +7,8 @@ GRPO, as nanochat's scripts/chat_rl.py) or DPO on preference pairs, from a chat 
     torchrun --standalone --nproc_per_node=2 rl.py configs/rl_arithmetic.py
 
 GRPO: every step takes prompts_per_step prompts; for each, the model samples
-group_size replies (gptkit/generate.py, model.py's KV cache), a reward function scores
-them (gptkit/rl_data.py), and `grpo_step` raises the log-probability of the reply
+group_size replies (gptkit/generation/generate.py, model.py's KV cache), a reward function scores
+them (gptkit/data/rl_data.py), and `grpo_step` raises the log-probability of the reply
 tokens of replies better than their group's mean and lowers the others'. DPO: every
 step takes pairs_per_step pairs and `dpo_step` raises the chosen reply's log-probability
 ratio to a frozen reference (the starting checkpoint; with LoRA the base itself, its
@@ -26,21 +26,21 @@ import random
 import time
 from pathlib import Path
 
-from gptkit.errors import quiet_start
+from gptkit.ops.errors import quiet_start
 
 quiet_start()
 import torch
 import torch.nn.functional as F
 
-from gptkit import lora
-from gptkit import rl_data
-from gptkit.checkpoint import load_checkpoint, write_text_atomic
-from gptkit.chat import prompt_ids, turn_ids
+from gptkit.models import lora
+from gptkit.data import rl_data
+from gptkit.ops.checkpoint import load_checkpoint, write_text_atomic
+from gptkit.data.chat import prompt_ids, turn_ids
 from gptkit.config import parse_settings, setting, settings_dict, choice_problems
-from gptkit.device import resolve_device
-from gptkit.errors import RunFailed, UserError, run_main, same_on_every_rank
-from gptkit.generate import generate_stream, turn_marker
-from gptkit.loading import adapted_model, checkpoint_of, model_from_checkpoint, read_checkpoint
+from gptkit.ops.device import resolve_device
+from gptkit.ops.errors import RunFailed, UserError, run_main, same_on_every_rank
+from gptkit.generation.generate import generate_stream, turn_marker
+from gptkit.models.loading import adapted_model, checkpoint_of, model_from_checkpoint, read_checkpoint
 from gptkit.run_state import provenance, rng_state, set_rng_state
 from gptkit.train import distributed, logger, optim
 from gptkit.train.checkpointer import Checkpointer

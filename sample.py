@@ -35,13 +35,13 @@ between block_size/2 and block_size tokens, as in training, and generation
 stays fast (the quick-start model has block_size 64, its samples are 500
 tokens). `--shift_context false` gives exactly nanoGPT's tokens. On a CPU the
 model's nn.Linear modules are swapped, once, for faster products on the same
-weights (gptkit/cpu_linears.py: NumPy's float32, or float16 or int8 copies with
+weights (gptkit/fast/cpu_linears.py: NumPy's float32, or float16 or int8 copies with
 --dtype), each checked against the module it replaces; model.py's forward runs
 as written around them, so an edit to it always runs. The header on stderr
 names what was swapped; `--cpu_decode false` keeps nn.Linear.
 
 `--compile` compiles the one-token step once, gpt-fast's way (a cache allocated
-for block_size positions, the position as a tensor: gptkit/compiled_decode.py);
+for block_size positions, the position as a tensor: gptkit/fast/compiled_decode.py);
 the prompt runs eagerly. In float32 its tokens are the eager cache's (tested). On
 CUDA, where a one-token step is mostly kernel launches, it is the main lever for few samples;
 on a CPU it does not pay: measured 2.1x the tokens/s for the quick-start model
@@ -55,19 +55,19 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptkit.errors import quiet_start
+from gptkit.ops.errors import quiet_start
 
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 import torch
 
-from gptkit import chat_session
+from gptkit.generation import chat_session
 from gptkit.config import parse_settings, setting
-from gptkit.device import SAMPLE_DTYPES, resolve_device
-from gptkit.errors import UserError, run_main
-from gptkit.generate import generate_samples, prepare_for_generating
-from gptkit.loading import load_model
-from gptkit.paths import claim_output
-from gptkit.sampling import check_sampling_options
+from gptkit.ops.device import SAMPLE_DTYPES, resolve_device
+from gptkit.ops.errors import UserError, run_main
+from gptkit.generation.generate import generate_samples, prepare_for_generating
+from gptkit.models.loading import load_model
+from gptkit.ops.paths import claim_output
+from gptkit.generation.sampling import check_sampling_options
 
 
 SEPARATOR = "-" * 15  # printed after every sample, as nanoGPT does
@@ -111,11 +111,12 @@ class SampleConfig:
         "bfloat16 inputs; its speed and loss cost in BENCHMARKS.md)")
     compile: bool = setting(
         False, "compile the one-token decoding step once (a static cache; "
-        "gptkit/compiled_decode.py): the main speed lever on CUDA for few samples; on a CPU it "
-        "does not pay (2x for the quick-start model after 12-45 s of compiling: BENCHMARKS.md)")
+        "gptkit/fast/compiled_decode.py): the main speed lever on CUDA for few samples; on a "
+        "CPU it does not pay (2x for the quick-start model after 12-45 s of compiling: "
+        "BENCHMARKS.md)")
     cpu_decode: bool = setting(
         True, "on a CPU, swap faster products into model.py's nn.Linear modules "
-        "(gptkit/cpu_linears.py: NumPy's float32, or float16/int8 copies with --dtype; each "
+        "(gptkit/fast/cpu_linears.py: NumPy's float32, or float16/int8 copies with --dtype; each "
         "checked against the module it replaces); false: nn.Linear as written")
     use_cache: bool = setting(
         True, "keep past keys/values (fast); false recomputes the whole context every token")
@@ -126,8 +127,8 @@ class SampleConfig:
     meta: str | None = setting(None, "a nanoGPT meta.pkl to take the character vocabulary from")
     chat: bool = setting(
         False, "talk to a chat-trained model: a reply to each line typed (or each line of a "
-        "pipe), streamed until its end-of-turn token; Ctrl-D leaves (gptkit/chat_session.py, "
-        "docs/chat.md)")
+        "pipe), streamed until its end-of-turn token; Ctrl-D leaves "
+        "(gptkit/generation/chat_session.py, docs/chat.md)")
     system: str | None = setting(
         None, "with --chat: the system message that opens the conversation")
     attention: str | None = setting(
@@ -246,7 +247,7 @@ def main(argv=None):
     print(f"{summary}\n{path}", file=sys.stderr)
 
     if cfg.attention is not None:
-        from gptkit.attention_plot import draw_attention
+        from gptkit.evals.attention_plot import draw_attention
 
         path = draw_attention(model, tokenizer, prompt, cfg.layer, cfg.attention)
         print(f"wrote {path}", file=sys.stderr)

@@ -8,7 +8,7 @@
 
 Which model: as sample.py (`--out_dir`'s best.pt or ckpt.pt, `--ckpt FILE`, a LoRA
 run's folder, `--init_from gpt2` or a Hugging Face folder). A chat-trained model
-answers /v1/chat/completions with the template of gptkit/chat.py and exactly
+answers /v1/chat/completions with the template of gptkit/data/chat.py and exactly
 sample.py --chat's code (its replies at temperature 0 are the same); any model
 answers /v1/completions. One worker generates every request in one continuous
 batch: a request joins the running ones at the next token and leaves when done
@@ -25,13 +25,13 @@ docs/serve.md: the page, Open WebUI and other clients, the limits and errors.
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptkit.errors import quiet_start
+from gptkit.ops.errors import quiet_start
 
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 from gptkit.config import parse_settings, setting
-from gptkit.device import SAMPLE_DTYPES, resolve_device
-from gptkit.errors import run_main
-from gptkit.loading import load_model
+from gptkit.ops.device import SAMPLE_DTYPES, resolve_device
+from gptkit.ops.errors import run_main
+from gptkit.models.loading import load_model
 from gptkit.serve.guard import parse_allowed_hosts
 
 MAX_QUEUE = 4096
@@ -72,7 +72,7 @@ class ServeConfig:
     dtype: str = setting("auto", "weights' dtype: auto (bfloat16 on CUDA when supported, else float32), float32, "
                          "bfloat16, float16, int8 (as sample.py)")
     cpu_decode: bool = setting(True, "on a CPU, faster products swapped into model.py's Linears "
-                               "(gptkit/cpu_linears.py, as sample.py); false: nn.Linear as written")
+                               "(gptkit/fast/cpu_linears.py, as sample.py); false: nn.Linear as written")
     max_batch: int = setting(16, "the most replies generated together, one token each per step (a request "
                              "with n choices takes n); more wait in the queue")
     stream_interval: float = setting(0.02, "the least seconds between two writes to a streaming client: the "

@@ -30,18 +30,18 @@ import sys
 import time
 from pathlib import Path
 
-from gptkit.errors import quiet_start
+from gptkit.ops.errors import quiet_start
 
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 import torch
 import torch.distributed
 
-from gptkit import dataset
-from gptkit import scoring
-from gptkit.checkpoint import write_text_atomic
+from gptkit.data import dataset
+from gptkit.evals import scoring
+from gptkit.ops.checkpoint import write_text_atomic
 from gptkit.config import parse_settings, setting
-from gptkit.device import resolve_device
-from gptkit.errors import UserError, first_line, run_main, same_on_every_rank
+from gptkit.ops.device import resolve_device
+from gptkit.ops.errors import UserError, first_line, run_main, same_on_every_rank
 from gptkit.train import distributed
 from gptkit.train import logger
 from gptkit.train import optim
@@ -146,8 +146,8 @@ class TrainConfig:
     compile: bool | str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | "
                                   "false")
     cpu_kernels: str = setting("fused", "RMSNorm and ReLU² on a CPU in float32: fused (their "
-                               "backward written by hand, gptkit/fused.py; same values) | model "
-                               "(model.py's modules, autograd's backward)")
+                               "backward written by hand, gptkit/fast/fused.py; same values) | "
+                               "model (model.py's modules, autograd's backward)")
     seed: int = setting(1337, f"random seed (weights, dropout, data order), 0 to {MAX_SEED}")
     dry_run: bool = setting(False, "check the settings for WORLD_SIZE ranks (torchrun's; e.g. "
                             "WORLD_SIZE=512 RANK=0 to check a cluster's job here) and exit")
@@ -305,7 +305,7 @@ class Forward:
 
 @torch.no_grad()
 def evaluate(model, plan, stop, progress):
-    """Loss and bits per byte (gptkit.scoring.Score) of each split over the plan's batches
+    """Loss and bits per byte (gptkit.evals.scoring.Score) of each split over the plan's batches
     (a text's windows or a chat split's replies: the reader's eval_plan made it).
 
     Returns None if a stop signal arrives on any rank first: the ranks agree on it
@@ -394,7 +394,7 @@ def run(model_cfg, cfg, dist, start_time):
     module = setup.wrap(raw_model, cfg, dist, dev, iteration=lambda: state.iter_num)
     model = Forward(module, dev.compile)
     # The batches: random windows of a text, or whole conversations whose replies alone are
-    # targets (gptkit/chat_batches.py); and the windows every evaluation scores.
+    # targets (gptkit/data/chat_batches.py); and the windows every evaluation scores.
     batches = dataset.open_batches(cfg.data_dir, cfg.dataset, meta, model_cfg.block_size, dev.name,
                                    cfg.batch_size, cfg.gradient_accumulation_steps, cfg.seed)
     byte_lengths = setup.eval_byte_lengths(meta, dev.name)
@@ -455,7 +455,7 @@ def run(model_cfg, cfg, dist, start_time):
         log.close()
         batches.close()
     if dist.is_main and not cfg.eval_only:
-        logger.print_done(state, out_dir, start_time)
+        logger.print_done(state, out_dir, start_time, schedule.end_note(state))
     return 0
 
 

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks import one_thread
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = "configs/shakespeare_10min.py"

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 
 def add_arguments(parser):

@@ -4,8 +4,8 @@
     python bench.py gpt2_cpu --new_tokens 40  # shorter
 
 One GPT-2 124M with random weights (speed does not depend on them; offline) is
-run by: our sample path (gptkit.generate.generate_stream, the KV cache, model.py's
-forward) with sample.py's default CPU parts (gptkit/cpu_linears.py's NumPyLinear),
+run by: our sample path (gptkit.generation.generate.generate_stream, the KV cache, model.py's
+forward) with sample.py's default CPU parts (gptkit/fast/cpu_linears.py's NumPyLinear),
 with nn.Linear as written (--cpu_decode false), and with --dtype float16 and int8
 (Float16Linear, Int8Linear),
 transformers' `generate` with its KV cache on the same weights exported by
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 PROMPT = [464, 3290, 286, 1204, 318]  # GPT-2 ids of "The meaning of life is"
 
@@ -69,7 +69,7 @@ class Stamps:
 
 
 def ours(model, n):
-    from gptkit.generate import generate_stream
+    from gptkit.generation.generate import generate_stream
 
     stamps = Stamps()
     idx = torch.tensor([PROMPT])
@@ -136,8 +136,8 @@ def build(work, seed):
     """(our model, run folder) for a random GPT-2 124M saved as a run of ours."""
     import dataclasses
 
-    from gptkit.checkpoint import FORMAT_VERSION, save_checkpoint
-    from gptkit.tokenizer import GPT2Tokenizer
+    from gptkit.ops.checkpoint import FORMAT_VERSION, save_checkpoint
+    from gptkit.data.tokenizer import GPT2Tokenizer
     from model import GPT, GPTConfig
 
     torch.manual_seed(seed)
@@ -175,10 +175,10 @@ def int8_cost(label, model, windows):
 
 
 def with_parts(model, weights):
-    """A copy of `model` with gptkit/cpu_linears.py's parts for `weights` swapped in, as sample.py does."""
+    """A copy of `model` with gptkit/fast/cpu_linears.py's parts for `weights` swapped in, as sample.py does."""
     import copy
 
-    from gptkit import cpu_linears
+    from gptkit.fast import cpu_linears
 
     net = copy.deepcopy(model)
     cpu_linears.swap_linears(net, weights, lambda line: print(f"[gpt2_cpu] {line}", file=sys.stderr))
@@ -198,13 +198,13 @@ def cost_table(args, gpt2_model, Table):
 
     import numpy as np
 
-    from gptkit.loading import load_model
-    from gptkit.tokenizer import GPT2Tokenizer, tokenizer_from_dict
+    from gptkit.models.loading import load_model
+    from gptkit.data.tokenizer import GPT2Tokenizer, tokenizer_from_dict
 
     table = Table("--dtype int8's cost: the validation text through the decode step, float32 against int8 weights",
                   ["model", "tokens scored", "float32 loss", "int8 loss", "rise", "top-1 as float32", "largest logit gap"],
                   note="Windows at random places of the quick-start data's val split (data/shakespeare_char), "
-                  f"{args.cost_windows} per model, each scored token by token from a fresh cache (model.py with gptkit/cpu_linears.py's "
+                  f"{args.cost_windows} per model, each scored token by token from a fresh cache (model.py with gptkit/fast/cpu_linears.py's "
                   "NumPyLinear against Int8Linear). GPT-2's shape: the random weights "
                   "above, the same text in GPT-2 tokens (its loss is near ln 50257: the rise measures the rounding, "
                   "not a trained model's loss). Logit gap: the largest |int8 - float32| over the largest |float32| logit.")
@@ -253,7 +253,7 @@ def measure(args, work):
 
     from benchmarks.bench_sample import measure_floor_rates
     from benchmarks.report import Table
-    from gptkit import cpu_linears
+    from gptkit.fast import cpu_linears
     from gptkit.interop.hf_gpt2 import export_gpt2
 
     if args.new_tokens < 3:
@@ -320,7 +320,7 @@ def measure(args, work):
         f"fp32 weights read once per token at {bandwidth / 1e9:.1f} GB/s (this thread, measured) = "
         f"{1000 * floor['fp32']:.1f} ms (float16 weights are 0.5x those bytes, q8_0 ~0.27x). vs transformers: "
         f"against its fp32 row. ours --dtype float16 / int8: model.py's forward with float16 copies of the matrices "
-        f"(float16 inputs) / int8 copies swapped in (inputs rounded to int8 per row in gptkit/int8_kernel.c, to "
+        f"(float16 inputs) / int8 copies swapped in (inputs rounded to int8 per row in gptkit/fast/int8_kernel.c, to "
         f"bfloat16 for torch._weight_int8pack_mm); transformers float16/bfloat16: the model cast "
         f"(weights and arithmetic).",
     )

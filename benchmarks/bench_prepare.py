@@ -99,7 +99,7 @@ def child_simple(corpus, tokenizer, out):
     with open(corpus, encoding="utf-8") as f:
         text = f.read()
     if tokenizer == "gpt2":
-        from gptkit.tokenizer import load_gpt2_encoding
+        from gptkit.data.tokenizer import load_gpt2_encoding
 
         ids = load_gpt2_encoding().encode_ordinary(text)
     else:

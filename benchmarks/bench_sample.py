@@ -22,11 +22,11 @@ by memory bandwidth (every weight is read once per token), so half the bytes
 is nearly twice the speed.
 
 With --one_thread the baby-GPT rows are sample.py processes: nanoGPT's own, ours by
-default (model.py's forward with gptkit/cpu_linears.py's NumPyLinear parts), ours with
+default (model.py's forward with gptkit/fast/cpu_linears.py's NumPyLinear parts), ours with
 nn.Linear as written (--cpu_decode false), and ours --compile, whose compile time is given
 for an empty and for a warm inductor cache.
 
---compile instead times the compiled one-token step (gptkit/compiled_decode.py)
+--compile instead times the compiled one-token step (gptkit/fast/compiled_decode.py)
 against the eager cache, greedy, for block_size - 2 tokens (no context shift),
 with the seconds the first compile took; eager and compiled runs alternate and
 the best of each is kept.
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import torch
 
-from gptkit.errors import UserError
-from gptkit import generate
+from gptkit.ops.errors import UserError
+from gptkit.generation import generate
 
 BABY_GPT = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, bias=False, dropout=0.0)
 QUICK_START_CONFIG = "configs/shakespeare.py"
@@ -129,10 +129,10 @@ def baby_gpt_table(args, device):
 def quick_start_model(out_dir):
     """(model, tokenizer, where it came from): the trained quick-start checkpoint when
     there is one, else its shape from configs/shakespeare.py with random weights."""
-    from gptkit import loading
-    from gptkit.checkpoint import load_checkpoint
+    from gptkit.models import loading
+    from gptkit.ops.checkpoint import load_checkpoint
     from model import GPT
-    from gptkit.tokenizer import CharTokenizer
+    from gptkit.data.tokenizer import CharTokenizer
 
     try:
         path = loading.find_checkpoint(out_dir)
@@ -202,7 +202,7 @@ def time_greedy(model, idx, n, decoder, device):
 
 def compiled_table(args, device, repeats=3):
     from benchmarks.report import Table
-    from gptkit.compiled_decode import CompiledDecoder
+    from gptkit.fast.compiled_decode import CompiledDecoder
     from model import GPT, GPTConfig
 
     shapes = [("quick start", quick_start_config(65), 1), ("quick start", quick_start_config(65), 10),
@@ -390,7 +390,7 @@ def one_thread_tables_in(args, work):
         table.add_row(label, round(min(cpu[label][n]), 2), round(min(cpu[label][1]), 2), round(ms, 3), round(1000 / ms, 1),
                       f"{base_ms / ms:.1f}x", round(floor, 3), f"{100 * floor / ms:.0f}%", round(min(wall[label]), 1))
     default = "ours, default (KV cache + shift_context)"
-    table.note += (" Ours by default runs model.py's forward with gptkit/cpu_linears.py's NumPyLinear parts on a CPU. "
+    table.note += (" Ours by default runs model.py's forward with gptkit/fast/cpu_linears.py's NumPyLinear parts on a CPU. "
                    f"--compile (the PyTorch step compiled): its compile costs the 1-token run's extra CPU s over the default's: "
                    f"{cold - min(cpu[default][1]):.1f} s with an empty inductor cache, "
                    f"{min(cpu['ours, --compile'][1]) - min(cpu[default][1]):.1f} s in a later process "
@@ -401,7 +401,7 @@ def one_thread_tables_in(args, work):
 
 
 def quick_start_checkpoint(out_dir):
-    from gptkit import loading
+    from gptkit.models import loading
 
     try:
         return loading.find_checkpoint(out_dir)

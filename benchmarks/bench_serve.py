@@ -88,7 +88,7 @@ def zero_turn_rows(model, base):
 def random_chat_checkpoint(path, shape, tokenizer_dict, base):
     import torch
 
-    from gptkit.checkpoint import save_checkpoint
+    from gptkit.ops.checkpoint import save_checkpoint
     from model import GPT, GPTConfig
 
     torch.manual_seed(0)
@@ -113,8 +113,8 @@ def models(args, work):
         shape = dict(n_layer=1, n_head=2, n_embd=32, block_size=64, dropout=0.0)
         path = random_chat_checkpoint(work / "tiny" / "ckpt.pt", shape, {"type": "char", "chars": CHARS}, len(CHARS))
         return [("tiny 1x2x32 chat model", path, "random weights")]
-    from gptkit import loading
-    from gptkit.errors import UserError
+    from gptkit.models import loading
+    from gptkit.ops.errors import UserError
 
     wanted = {m.strip() for m in args.models.split(",") if m.strip()}
     if not wanted or wanted - {"chat", "gpt2"}:
@@ -191,7 +191,7 @@ def load(port, streams, seconds, new_tokens, pid=None):
 def run(args):
     from benchmarks.one_thread import in_one_thread
     from benchmarks.report import Table
-    from gptkit.errors import UserError
+    from gptkit.ops.errors import UserError
 
     if args.threads < 1:
         raise UserError(f"--threads {args.threads}: give at least 1")
@@ -262,10 +262,10 @@ def batched_rate(ckpt, batch, new_tokens):
     (greedy, sample.py's CPU parts, no server): a ceiling for serving in batches."""
     import torch
 
-    from gptkit import loading
-    from gptkit.checkpoint import load_checkpoint
-    from gptkit import cpu_linears
-    from gptkit.generate import generate_stream
+    from gptkit.models import loading
+    from gptkit.ops.checkpoint import load_checkpoint
+    from gptkit.fast import cpu_linears
+    from gptkit.generation.generate import generate_stream
 
     model, tokenizer, _ = loading.model_from_checkpoint(load_checkpoint(ckpt), ckpt)
     cpu_linears.swap_linears(model, "float32", print)
@@ -286,7 +286,7 @@ def export_gguf(ckpt, work):
     except ImportError as e:
         return f"llama-cpp-python[server] is not installed: {e}"
     import convert
-    from gptkit.errors import UserError
+    from gptkit.ops.errors import UserError
 
     dest = work / f"{Path(ckpt).parent.name}.gguf"
     try:

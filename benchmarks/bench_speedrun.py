@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gptkit.errors import RunFailed, UserError
+from gptkit.ops.errors import RunFailed, UserError
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 WORDS = ("stone river light water plant animal metal heat cloud seed wind energy sound ground forest rain "
          "moon sun earth glass paper iron salt sugar ice fire shadow mirror bridge engine wheel").split()
@@ -71,7 +71,7 @@ def write_random_run(folder, args, tokenizer_dict):
     """folder/ckpt.pt: a random GPT of our own format (embeddings scaled so that answers differ clearly)."""
     import dataclasses
 
-    from gptkit.checkpoint import FORMAT_VERSION, save_checkpoint
+    from gptkit.ops.checkpoint import FORMAT_VERSION, save_checkpoint
     from model import GPT, GPTConfig
 
     torch.manual_seed(args.seed)
@@ -103,9 +103,10 @@ def run(args):
     os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 
     import convert
-    from gptkit import report_card, tasks
-    from gptkit.evaluation import Settings, load_candidate
-    from gptkit.tokenizer import GPT2Tokenizer
+    from gptkit.evals import report_card
+    from gptkit.evals import tasks
+    from gptkit.evals.evaluation import Settings, load_candidate
+    from gptkit.data.tokenizer import GPT2Tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

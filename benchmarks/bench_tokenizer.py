@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_prepare import cpu_seconds, run_child, shakespeare, vm_hwm_kib
-from gptkit.tokenizer import EOT, GPT2_PATTERN  # light: no torch in the measured children
+from gptkit.data.tokenizer import EOT, GPT2_PATTERN  # light: no torch in the measured children
 
 LIBRARIES = ("tokenizers", "rustbpe")
 

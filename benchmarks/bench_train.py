@@ -120,7 +120,7 @@ def memory_cell(record):
 def run(args):
     from benchmarks.report import Table
     from gptkit.train.mfu import estimate_mfu, measure_matmul_flops, peak_flops_for_device
-    from gptkit.params import meta_model
+    from gptkit.models.shapes import meta_model
     from model import GPTConfig
 
     names = [n.strip() for n in args.model.split(",") if n.strip()]

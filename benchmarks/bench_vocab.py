@@ -52,7 +52,7 @@ def score_val(ckpt_path, val_bin, dtype):
     import torch
     import torch.nn.functional as F
 
-    from gptkit.loading import load_model
+    from gptkit.models.loading import load_model
 
     model, tokenizer, _ = load_model(ckpt=str(ckpt_path))
     lengths = torch.from_numpy(byte_lengths(tokenizer))

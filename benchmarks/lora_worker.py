@@ -36,7 +36,7 @@ def tensor_mb(tensors):
 
 
 def main(shape, mode, device, block_size, batch_size, steps, out):
-    from gptkit import lora
+    from gptkit.models import lora
     from gptkit.train import optim
     from model import GPT, GPTConfig
     from train import clip_gradients

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 NANOGPT_ENV = "NANOGPT_DIR"
 NANOGPT_FILES = ("train.py", "model.py", "sample.py", "configurator.py", "config/train_shakespeare_char.py")
@@ -112,9 +112,9 @@ def full_split_val_loss(ckpt_path, meta_path=None, data_dir="data", dataset="sha
     (ours or nanoGPT's)."""
     import torch
 
-    from gptkit import dataset as ds
-    from gptkit.checkpoint import load_checkpoint
-    from gptkit.loading import model_from_checkpoint
+    from gptkit.data import dataset as ds
+    from gptkit.ops.checkpoint import load_checkpoint
+    from gptkit.models.loading import model_from_checkpoint
 
     ckpt = load_checkpoint(ckpt_path)
     iter_num = ckpt.get("iter_num")

@@ -17,7 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gptkit import cpu_linears, int8_kernel  # noqa: E402
+from gptkit.fast import cpu_linears
+from gptkit.fast import int8_kernel  # noqa: E402
 
 SHAPES = [("c_attn", 2304, 768), ("attn c_proj", 768, 768), ("c_fc", 3072, 768), ("mlp c_proj", 768, 3072)]
 
@@ -76,9 +77,9 @@ def main():
     routes = dict(ROUTES)
     kernel, why_not = int8_kernel.load()
     if kernel is None:
-        print(f"gptkit/int8_kernel.c left out: {why_not}", file=sys.stderr)
+        print(f"gptkit/fast/int8_kernel.c left out: {why_not}", file=sys.stderr)
     else:
-        routes["gptkit/int8_kernel.c (VNNI), int8 inputs per row"] = (int8_kernel_part, lambda x, part: part(x))
+        routes["gptkit/fast/int8_kernel.c (VNNI), int8 inputs per row"] = (int8_kernel_part, lambda x, part: part(x))
     print("| route | ms a token | " + " | ".join(name for name, _, _ in SHAPES) + " | head |")
     print("|---|---|" + "---|" * (len(SHAPES) + 1))
     for name, (prepare, run) in routes.items():

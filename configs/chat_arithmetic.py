@@ -1,13 +1,12 @@
-# Chat, offline, on a CPU in a few minutes: a small character-level model learns to
-# answer "What is 37+45?" with "82", trained on the assistant's replies only, and is
-# measured on sums it never saw answered (docs/chat.md).
+# Chat, offline, on a CPU in a few minutes: a small character-level model learns to answer
+# "What is 37+45?" with "82", trained on the assistant's replies only, measured on sums it
+# never saw answered (docs/chat.md). The quick start's block, a context of 63 tokens.
 #
 #   python train.py configs/chat_arithmetic.py          # prepares data/arithmetic_chat first
 #   python eval.py out-chat-arithmetic --dataset arithmetic_chat --exact_match
 #   python sample.py --out_dir out-chat-arithmetic --chat --temperature 0
 #
-# The modern block of configs/shakespeare.py, with a context that holds a whole
-# conversation of three questions (63 tokens).
+# Figures (600 steps, and the 200-step start of the RL recipes): docs/chat.md, benchmarks/LOG.md.
 
 out_dir = "out-chat-arithmetic"
 dataset = "arithmetic_chat"

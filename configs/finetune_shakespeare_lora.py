@@ -1,13 +1,12 @@
-# Fine-tune GPT-2 (124M) on Tiny Shakespeare with LoRA (docs/lora.md): rank-8
-# adapters on every block's attention (attn.c_attn), the 124M base frozen. The
-# checkpoints hold the adapters only (~1.2 MB against the base's 500 MB) and
-# sample.py, eval.py and convert.py merge them into the base when they load.
+# Fine-tune GPT-2 (124M) on Tiny Shakespeare with LoRA (docs/lora.md): rank-8 adapters on
+# every block's attention (attn.c_attn), the base frozen; checkpoints hold the adapters only.
 #
 #   python prepare.py shakespeare
-#   python train.py configs/finetune_shakespeare_lora.py
-#   python train.py configs/finetune_shakespeare_lora.py --init_from=path/to/gpt2   # offline: a Hugging Face folder
+#   python train.py configs/finetune_shakespeare_lora.py        # --init_from=FOLDER offline
 #   python sample.py --out_dir out-shakespeare-gpt2-lora --start "ROMEO:"
-#   python convert.py out-shakespeare-gpt2-lora hf-shakespeare-lora --to hf         # the merged model
+#   python convert.py out-shakespeare-gpt2-lora hf-shakespeare-lora --to hf   # the merged model
+#
+# Figures: docs/lora.md (not re-measured this round; history in benchmarks/LOG.md).
 
 out_dir = "out-shakespeare-gpt2-lora"
 eval_interval = 10

@@ -1,17 +1,12 @@
-# GPT-2 XL (1.56B parameters) on one node of 8 GPUs with 24 GB each, sharded with FSDP2.
-# DDP would need ~25 GB per GPU for weights, gradients and AdamW's moments alone
-# (16 bytes a parameter, docs/scaling.md); FSDP over 8 GPUs keeps
-# 1/8 of that, ~3.1 GB, leaving the rest for activations.
+# GPT-2 XL (1.56B parameters) on one node of 8 GPUs with 24 GB each, sharded with FSDP2
+# (DDP would need ~25 GB per GPU for weights, gradients and AdamW's moments: docs/scaling.md).
 #
-#   python prepare.py openwebtext    # downloads OpenWebText's Parquet files, tokenizes them (docs/data.md)
+#   python prepare.py openwebtext
 #   torchrun --standalone --nproc_per_node=8 train.py configs/gpt2_xl.py
 #   python -c "from gptkit.train.sharded import sharded_to_single as f; f('out-gpt2-xl', 'out-gpt2-xl/ckpt.pt')"
 #
-# Estimated (not measured) per GPU at batch_size 4: ~3.1 GB of sharded state, ~11 GB of
-# bf16 activations (4 x 1024 tokens x 48 blocks x ~34 bytes x 1600), ~2 GB for the logits
-# and their gradient, plus the whole fp32 model (6.2 GB) while it is built, before sharding.
-# If it runs out of memory: --activation_checkpointing=true (activations ~0.7 GB, ~1/3
-# more compute) or --batch_size=2 with gradient_accumulation_steps doubled.
+# Not measured here (no GPU node): memory estimated in docs/scaling.md. If it runs out of
+# memory: --activation_checkpointing=true, or --batch_size=2 with twice the accumulation.
 
 out_dir = "out-gpt2-xl"
 wandb_log = False

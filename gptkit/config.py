@@ -21,7 +21,7 @@ import sys
 import types
 import typing
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 
 def setting(default, help):

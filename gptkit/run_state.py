@@ -156,6 +156,6 @@ def check_rng_state(state, source):
 
 
 def _damaged(source, what):
-    from gptkit.errors import UserError
+    from gptkit.ops.errors import UserError
 
     return UserError(f"{source}: {what}: it is damaged or not ours")

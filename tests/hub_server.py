@@ -7,6 +7,10 @@ and Parquet shards written in the publishers' own schemas (FineWeb-Edu's columns
 OpenWebText's parquet conversion's single `text` column). Faults are switches on
 the server: `cut_once` (send N bytes of a file, then drop the connection), `corrupt`
 (flip a byte, same size), `missing` (404), `ignore_range` (answer 200 with it all).
+Hostile switches, for a server that lies: `link` (the Link header of each listing
+page), `listing_body` (bytes, or ENDLESS), `redirect_to` (to any address, any scheme),
+`overlong` (files that go on past their size, with no Content-Length), `range_shift`
+and `content_range` (a 206 from another offset, or with a Content-Range of our own).
 """
 
 import hashlib
@@ -20,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+ENDLESS = "endless"  # a body that never ends, until the client hangs up
 WORDS = "the of and a to in is was for on that with as by it he at from his an were are which this".split()
 WORDS += ["educational", "résumé", "naïve", "日本語", "x,y", "3.14", "don't", "\n\n", "\n"]
 
@@ -65,6 +70,14 @@ class FakeHub:
         self.extra_entries = []  # listing entries added as they are (a hostile or broken listing)
         self.redirect = False  # answer resolve with 302 to /cdn/..., as the Hub sends LFS files to its CDN
         self.page_size = 1000  # entries per listing page; the rest behind a Link: rel="next" cursor
+        self.link = None  # cursor -> the Link header value for that page (None: the honest one)
+        self.listing_body = None  # bytes (or ENDLESS) to answer every listing page with instead
+        self.redirect_to = None  # (path prefix, address): requests under the prefix get a 302 there
+        self.lfs = True  # False: files listed without lfs (no published sha256), as small files are
+        self.overlong = set()  # repo paths whose body goes on past their size (endless zeros)
+        self.range_shift = 0  # answer a Range request from this many bytes further on (and say so)
+        self.content_range = None  # a Content-Range header sent with every 206 instead of the true one
+        self.encoding = None  # a Content-Encoding header sent with every file
 
     def add(self, repo, revision, path, table, row_group_size=64):
         dest = self.root / repo / revision / path
@@ -85,6 +98,11 @@ class FakeHub:
             def do_GET(self):
                 path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
                 hub.requests.append((path, self.headers.get("Range")))
+                if hub.redirect_to is not None and path.startswith(hub.redirect_to[0]):
+                    self.send_response(302)
+                    self.send_header("Location", hub.redirect_to[1])
+                    self.send_header("Content-Length", "0")
+                    return self.end_headers()
                 if path.startswith("/api/datasets/"):
                     return self.tree(path.removeprefix("/api/datasets/"))
                 if path.startswith("/datasets/") and hub.redirect:
@@ -122,17 +140,34 @@ class FakeHub:
                         "type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": size, "path": rel,
                         "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134},
                     })
+                    if not hub.lfs:
+                        del entries[-1]["lfs"]
                 entries += hub.extra_entries
                 page = entries[cursor : cursor + hub.page_size]
-                body = json.dumps(page).encode()
+                body = json.dumps(page).encode() if hub.listing_body is None else hub.listing_body
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
-                if cursor + hub.page_size < len(entries):
+                if hub.link is not None:
+                    if hub.link(cursor) is not None:
+                        self.send_header("Link", hub.link(cursor))
+                elif cursor + hub.page_size < len(entries):
                     here = urllib.parse.urlsplit(self.path).path
                     self.send_header("Link", f'<{hub.url}{here}?cursor={cursor + hub.page_size}>; rel="next"')
+                if body == ENDLESS:
+                    self.end_headers()
+                    return self.endless(b"[" + b'{"type": "directory", "path": "x"}, ' * 1000)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def endless(self, piece):
+                """`piece` over and over, until the client hangs up (or 4 GB: a test gone wrong)."""
+                self.close_connection = True
+                try:
+                    for _ in range((4 << 30) // len(piece)):
+                        self.wfile.write(piece)
+                except OSError:
+                    pass
 
             def resolve(self, rest):
                 repo, revision, path = self.split(rest, "resolve")
@@ -147,13 +182,20 @@ class FakeHub:
                 start = 0
                 wanted = self.headers.get("Range")
                 if wanted and not hub.ignore_range:
-                    start = int(wanted.removeprefix("bytes=").split("-")[0])
+                    start = int(wanted.removeprefix("bytes=").split("-")[0]) + hub.range_shift
                     if start >= len(data):
                         return self.send_error(416)
                     self.send_response(206)
-                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                    told = f"bytes {start}-{len(data) - 1}/{len(data)}"
+                    self.send_header("Content-Range", told if hub.content_range is None else hub.content_range)
                 else:
                     self.send_response(200)
+                if hub.encoding is not None:
+                    self.send_header("Content-Encoding", hub.encoding)
+                if path in hub.overlong:
+                    self.end_headers()
+                    self.wfile.write(data[start:])
+                    return self.endless(bytes(1 << 16))
                 self.send_header("Content-Length", str(len(data) - start))
                 self.send_header("Accept-Ranges", "bytes")
                 self.end_headers()
@@ -177,7 +219,7 @@ class FakeHub:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()  # quick stop
         return self
 
     def stop(self):

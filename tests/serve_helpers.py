@@ -15,7 +15,7 @@ import time
 import torch
 from repo import REPO
 
-from gptkit.checkpoint import save_checkpoint
+from gptkit.ops.checkpoint import save_checkpoint
 from model import GPT, GPTConfig
 
 CHARS = list(" .abcdefghijklmnopqrstuvwxyz")  # no newline: sample.py --chat's replies stay one line each

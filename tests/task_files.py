@@ -57,6 +57,10 @@ HELLASWAG = [
     {"ind": 24, "activity_label": "Roof shingle removal", "ctx": "A man is sitting on a roof. he",
      "endings": ["is using wrap to wrap a pair of skis.", "is ripping level tiles off.",
                  "is holding a rubik's cube.", "starts pulling up roofing on a roof."], "split": "val", "label": 3},
+    {"ind": 92, "activity_label": "Clean and jerk",
+     "ctx": "A lady walks to a barbell. She bends down and grabs the pole. the lady",
+     "endings": ["swings and lands in her arms.", "pulls the barbell forward.", "pulls a rope attached to the barbell.",
+                 "stands and lifts the weight over her head."], "split": "val", "label": 3},
 ]
 
 # The task, its rows, and the file name the publisher gives it.

@@ -1,4 +1,4 @@
-"""gptkit/atomic.py, the one way files are written: published whole or not at all, a
+"""gptkit/ops/atomic.py, the one way files are written: published whole or not at all, a
 new name never replacing what appeared there after the claim (with the system's
 no-replace rename and with the fallback used where that is missing), nothing left
 behind by an error or a SIGTERM; and convert.py's destinations on top of it."""
@@ -12,9 +12,9 @@ import textwrap
 import pytest
 import torch
 
-from gptkit import atomic
-from gptkit.atomic import Appeared, atomic_write, publish
-from gptkit.errors import RunFailed
+from gptkit.ops import atomic
+from gptkit.ops.atomic import Appeared, atomic_write, publish
+from gptkit.ops.errors import RunFailed
 from repo import REPO
 from test_paths import one_line, run, tiny_run
 
@@ -91,8 +91,8 @@ def test_an_error_or_ctrl_c_in_the_block_leaves_nothing(tmp_path):
 def test_a_full_disk_is_one_runfailed_and_leaves_nothing(tmp_path):
     code = textwrap.dedent(f"""
         import resource, signal, sys
-        from gptkit.atomic import atomic_write
-        from gptkit.errors import RunFailed
+        from gptkit.ops.atomic import atomic_write
+        from gptkit.ops.errors import RunFailed
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
         try:
@@ -110,7 +110,7 @@ def test_a_full_disk_is_one_runfailed_and_leaves_nothing(tmp_path):
 def test_sigterm_while_writing_removes_the_temporary_and_exits_143(tmp_path):
     code = textwrap.dedent(f"""
         import os, signal, time
-        from gptkit.atomic import atomic_write
+        from gptkit.ops.atomic import atomic_write
         with atomic_write({str(tmp_path / "f")!r}, replace=False) as tmp:
             tmp.write_text("half")
             print("writing", flush=True)
@@ -158,7 +158,7 @@ def test_convert_to_hf_never_replaces_a_folder_filled_meanwhile(tmp_path, monkey
 
 
 def test_convert_to_pt_never_replaces_a_file_that_appeared(tmp_path, monkeypatch):
-    from gptkit import checkpoint
+    from gptkit.ops import checkpoint
 
     dest = tmp_path / "one.pt"
     real_save = torch.save
@@ -194,7 +194,7 @@ def test_a_killed_writers_temporaries_are_removed_by_the_next_write_of_that_name
     # GGUF), and the next export to that name succeeded and left it there for ever.
     child = textwrap.dedent(f"""
         import os
-        from gptkit.atomic import atomic_write
+        from gptkit.ops.atomic import atomic_write
         with atomic_write({str(tmp_path / "out.gguf")!r}, replace=False) as a:
             with atomic_write({str(tmp_path / "hf")!r}, replace=False, folder=True) as b:
                 a.write_bytes(b"x" * 1000)

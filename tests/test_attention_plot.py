@@ -5,9 +5,9 @@ import sys
 import pytest
 import torch
 
-from gptkit import attention_plot
-from gptkit.errors import UserError
-from gptkit.tokenizer import Tokenizer
+from gptkit.evals import attention_plot
+from gptkit.ops.errors import UserError
+from gptkit.data.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

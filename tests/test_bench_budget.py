@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import bench_budget
 from benchmarks.report import Table
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 
 def test_candidates_are_label_and_overrides_and_a_bad_one_is_named():

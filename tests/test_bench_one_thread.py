@@ -10,7 +10,7 @@ import torch
 
 from benchmarks import one_thread
 from benchmarks.bench_sample import floor_ms, per_token_cpu, save_nanogpt_baby
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from train_helpers import write_char_dataset
 
 
@@ -93,7 +93,7 @@ def test_the_one_thread_tables_name_a_missing_quick_start_model_before_any_run(t
     import tempfile
 
     from benchmarks import bench_sample
-    from gptkit.errors import UserError
+    from gptkit.ops.errors import UserError
 
     ran = []
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

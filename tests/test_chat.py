@@ -1,12 +1,12 @@
-"""The chat template, its target mask and the conversation reader (gptkit/chat.py)."""
+"""The chat template, its target mask and the conversation reader (gptkit/data/chat.py)."""
 
 import json
 
 import pytest
 
-from gptkit.chat import encode_conversation, encode_records, prompt_ids, read_messages, turn_ids
-from gptkit.errors import UserError
-from gptkit.tokenizer import GPT2_VOCAB_SIZE, CharTokenizer, GPT2Tokenizer
+from gptkit.data.chat import encode_conversation, encode_records, prompt_ids, read_messages, turn_ids
+from gptkit.ops.errors import UserError
+from gptkit.data.tokenizer import GPT2_VOCAB_SIZE, CharTokenizer, GPT2Tokenizer
 
 CHARS = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz <|>?!0123456789é")))
 

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from gptkit.chat_batches import conversations_of, pack_best_fit
+from gptkit.data.chat_batches import conversations_of, pack_best_fit
 
 
 def test_packing_keeps_conversations_whole_and_every_window_has_targets():

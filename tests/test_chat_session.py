@@ -12,11 +12,11 @@ from repo import REPO
 from train_helpers import read_metrics, tiny_args
 
 import train
-from gptkit.chat import prompt_ids, turn_ids
-from gptkit.chat_session import Session
-from gptkit.errors import UserError
+from gptkit.data.chat import prompt_ids, turn_ids
+from gptkit.generation.chat_session import Session
+from gptkit.ops.errors import UserError
 from gptkit.prepare.chat import prepare_chat
-from gptkit.tokenizer import CharTokenizer
+from gptkit.data.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
 
 REPLY = "I hear you."
@@ -120,7 +120,7 @@ def test_exact_match_counts_the_replies_written_exactly(trained, tmp_path):
     multi = result["exact_match"]["multi"]  # 20 conversations in sessions of 8: 17 later turns
     assert multi["replies"] == 20 - 3 and multi["rate"] >= 0.9
     untrained = tmp_path / "untrained"  # the same shape at initialisation writes no reply exactly
-    from gptkit.checkpoint import load_checkpoint
+    from gptkit.ops.checkpoint import load_checkpoint
     from train_helpers import write_run
 
     ckpt = load_checkpoint(out / "ckpt.pt")

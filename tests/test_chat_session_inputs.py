@@ -1,4 +1,4 @@
-"""sample.py --chat as users meet it (gptkit/chat_session.py): a Windows file piped in, a
+"""sample.py --chat as users meet it (gptkit/generation/chat_session.py): a Windows file piped in, a
 line that is not UTF-8, a message too long for the context in a terminal session."""
 
 import dataclasses
@@ -7,9 +7,9 @@ import io
 import pytest
 import torch
 
-from gptkit.chat_session import Session, reply, talk
-from gptkit.errors import UserError
-from gptkit.tokenizer import CharTokenizer
+from gptkit.generation.chat_session import Session, reply, talk
+from gptkit.ops.errors import UserError
+from gptkit.data.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
 from sample import SampleConfig
 

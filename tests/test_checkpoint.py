@@ -11,9 +11,9 @@ import warnings
 import pytest
 import torch
 
-from gptkit import checkpoint
-from gptkit.checkpoint import load_checkpoint, save_checkpoint
-from gptkit.errors import UserError
+from gptkit.ops import checkpoint
+from gptkit.ops.checkpoint import load_checkpoint, save_checkpoint
+from gptkit.ops.errors import UserError
 from repo import REPO
 
 
@@ -72,7 +72,7 @@ def test_kill_during_write_keeps_the_previous_checkpoint(tmp_path):
     result = run_python(
         f"""
         import torch
-        from gptkit.checkpoint import save_checkpoint
+        from gptkit.ops.checkpoint import save_checkpoint
         save_checkpoint({{"model": {{"w": torch.ones(200_000)}}, "iter_num": 99}}, {str(path)!r})
         print("the save returned: the fault did not fire")
         """,
@@ -102,8 +102,8 @@ def test_disk_full_is_a_clear_error_and_the_previous_checkpoint_survives(tmp_pat
         f"""
         import resource, signal, sys
         import torch
-        from gptkit.checkpoint import save_checkpoint
-        from gptkit.errors import RunFailed
+        from gptkit.ops.checkpoint import save_checkpoint
+        from gptkit.ops.errors import RunFailed
         big = {{"model": {{"w": torch.ones(1_000_000)}}}}  # 4 MB
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG from write() instead of a kill
         resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
@@ -350,7 +350,7 @@ def test_the_scanner_catches_what_it_should():
 
 def test_no_unrestricted_unpickling_in_the_project():
     files = list(project_python_files())
-    assert REPO / "gptkit" / "checkpoint.py" in files
+    assert REPO / "gptkit" / "ops" / "checkpoint.py" in files
     problems = []
     for path in files:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))

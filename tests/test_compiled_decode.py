@@ -1,12 +1,12 @@
-"""gptkit/compiled_decode.py: the static cache gives the dynamic cache's logits, and
+"""gptkit/fast/compiled_decode.py: the static cache gives the dynamic cache's logits, and
 compiled decoding compiles once for a whole generation (not per token, not per
 layer) and gives eager decoding's tokens; sample.py --compile end to end."""
 
 import pytest
 import torch
 
-from gptkit.compiled_decode import CompiledDecoder, StaticKVCache
-from gptkit.generate import generate_stream
+from gptkit.fast.compiled_decode import CompiledDecoder, StaticKVCache
+from gptkit.generation.generate import generate_stream
 from model import GPT, GPTConfig, KVCache
 
 VARIANTS = {

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 
 from gptkit.config import parse_settings, read_config_file, setting, settings_dict
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 
 @dataclass

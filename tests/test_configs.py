@@ -86,3 +86,18 @@ def test_the_five_minute_config_is_the_ten_minute_one_with_a_shorter_budget():
     changed = {f.name for f in dataclasses.fields(TrainConfig) if getattr(t5, f.name) != getattr(t10, f.name)}
     assert changed == {"out_dir", "time_budget", "muon_weight_decay"}
     assert (t5.out_dir, t5.time_budget, t5.muon_weight_decay) == ("out-shakespeare-5min", 280.0, 0.1)
+
+
+def test_every_config_header_is_short_and_points_to_its_figures():
+    """A config says what it trains, its command and its current figure in at most 10
+    lines; the story of how it was found lives in benchmarks/LOG.md (nanoGPT's configs are
+    10-30 lines with no history)."""
+    long = {}
+    for path in CONFIGS:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        header = 0
+        while header < len(lines) and lines[header].startswith("#"):
+            header += 1
+        if header > 10:
+            long[path.name] = header
+    assert long == {}

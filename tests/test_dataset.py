@@ -1,4 +1,4 @@
-"""gptkit/dataset.py: dataset checks, the batch sampler as a pure function, window reads."""
+"""gptkit/data/dataset.py: dataset checks, the batch sampler as a pure function, window reads."""
 
 import json
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from gptkit import dataset as data
-from gptkit.errors import UserError
+from gptkit.data import dataset as data
+from gptkit.ops.errors import UserError
 from train_helpers import write_char_dataset
 
 
@@ -107,7 +107,7 @@ def write_bpe_dataset(data_dir, name="b"):
     """A BPE dataset by hand: the 256 bytes and two merges, bins of their ids, meta.json as prepare.py writes it."""
     import hashlib
 
-    from gptkit.tokenizer import BPETokenizer
+    from gptkit.data.tokenizer import BPETokenizer
 
     tok = BPETokenizer([bytes([i]) for i in range(256)] + [b"th", b"the"])
     folder = data_dir / name
@@ -183,7 +183,7 @@ def test_a_huge_tokenizer_file_is_refused_before_it_is_read(tmp_path):
 
 
 def tokens_json(tokens, **header):
-    from gptkit.tokenizer import GPT2_PATTERN
+    from gptkit.data.tokenizer import GPT2_PATTERN
 
     head = {"format": "gptkit-bpe", "version": 1, "pre_tokenizer": "gpt2", "pattern": GPT2_PATTERN,
             "vocab_size": len(tokens) + 1 if isinstance(tokens, list) else 0,
@@ -243,7 +243,7 @@ def test_train_refuses_a_re_pinned_malformed_tokenizer_before_the_first_step(tmp
 
 def test_hostile_json_in_meta_json_or_a_hellaswag_file_is_one_line(tmp_path):
     # Deep nesting and a 5,000-digit number were tracebacks (RecursionError, ValueError).
-    from gptkit import hellaswag
+    from gptkit.evals import tasks
 
     folder = write_char_dataset(tmp_path, name="c", text="abcabc" * 100)
     for text in ("[" * 100_000, '{"vocab_size": ' + "9" * 5000 + "}"):
@@ -253,5 +253,5 @@ def test_hostile_json_in_meta_json_or_a_hellaswag_file_is_one_line(tmp_path):
     path = tmp_path / "hs.jsonl"
     for text in ("[" * 100_000, '{"ctx": "a", "n": ' + "9" * 5000 + "}"):
         path.write_text(text + "\n")
-        with pytest.raises(UserError, match=r"hs.jsonl, line 1: not JSON this reader takes"):
-            hellaswag.read_items(path)
+        with pytest.raises(UserError, match=r"hs.jsonl, line 1: not valid JSON"):
+            tasks.read_task(tasks.TASKS["hellaswag"], path)

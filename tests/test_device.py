@@ -1,4 +1,4 @@
-"""gptkit/device.py on CPU, with a GPU's compute capability patched in: dtype=auto
+"""gptkit/ops/device.py on CPU, with a GPU's compute capability patched in: dtype=auto
 picks bfloat16 only where the GPU computes it natively (8.0 and later), float16
 with a GradScaler on older GPUs (V100, T4); Muon's Newton-Schulz follows; TF32 is
 set through one API."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import train
-from gptkit import device as gdevice
+from gptkit.ops import device as gdevice
 from gptkit.train import distributed, muon, setup
 from repo import REPO
 from train_helpers import tiny_args
@@ -68,7 +68,7 @@ def test_device_choose_on_a_t4_trains_in_float16_with_a_scaler_and_tf32(gpu_with
 
 def test_fsdp_on_an_old_gpu_names_float32(gpu_with_capability, tmp_path):
     gpu_with_capability(7, 0)
-    from gptkit.errors import UserError
+    from gptkit.ops.errors import UserError
     from gptkit.train import fsdp
 
     with pytest.raises(UserError, match="compute capability below 8.0.*--dtype=float32"):
@@ -120,7 +120,7 @@ def test_the_ten_minute_config_trains_in_bfloat16_only_where_the_cpu_has_its_ins
 
 GLIBC_ACCOUNTS_FOR_A_LARGE_TENSOR = r"""
 import ctypes, sys, torch
-from gptkit.device import keep_freed_memory
+from gptkit.ops.device import keep_freed_memory
 class Mallinfo2(ctypes.Structure):  # glibc's struct mallinfo2 (malloc.h), all size_t
     _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
                                                       "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]

@@ -1,10 +1,8 @@
 """eval.py against independent implementations: transformers' GPT-2 for the windowed loss,
-bits per byte and HellaSwag, and train.py's own eval_iters=0 val loss; plus its errors."""
+bits per byte and HellaSwag's three figures, and train.py's own eval_iters=0 val loss; plus its errors."""
 
 import json
 import math
-import urllib.error
-import urllib.request
 
 import pytest
 import torch
@@ -12,9 +10,8 @@ import torch.nn.functional as F
 
 import eval as eval_script
 import train
-from gptkit import hellaswag
-from gptkit.errors import run_main
-from gptkit.checkpoint import load_checkpoint
+from gptkit.ops.errors import run_main
+from gptkit.ops.checkpoint import load_checkpoint
 from train_helpers import sample_text, tiny_args, write_char_dataset
 
 transformers = pytest.importorskip("transformers")  # a test-only dependency
@@ -96,38 +93,41 @@ def write_hellaswag(path, n=6):
     return items
 
 
-def test_hellaswag_predictions_equal_brute_force_transformers(hf_folder, tmp_path, capsys):
+def test_hellaswag_figures_equal_brute_force_transformers(hf_folder, tmp_path, capsys):
+    """--tasks hellaswag: acc (summed loss), acc_norm (per character, lm-eval's) and
+    acc_norm_tokens (mean token loss, llm.c's) against transformers, written out."""
     import tiktoken
 
     folder, hf = hf_folder
     items = write_hellaswag(tmp_path / "hs.jsonl")
     enc = tiktoken.get_encoding("gpt2")
-    expected_sum, expected_mean = [], []
+    expected = {"acc": [], "acc_norm": [], "acc_norm_tokens": []}
     for item in items:
-        sums, means = [], []
+        sums, chars, means = [], [], []
         for ending in item["endings"]:
-            ctx, end = enc.encode_ordinary(item["ctx"]), enc.encode_ordinary(" " + ending)
+            ctx, end = enc.encode_ordinary(item["ctx"]), enc.encode_ordinary(" " + ending)  # as llm.c encodes
             tokens = (ctx + end)[-17:]  # the block is 16: at most 17 tokens
             n_end = min(len(end), len(tokens) - 1)
             with torch.no_grad():
                 logits = hf(torch.tensor(tokens[:-1])[None]).logits[0]
             losses = F.cross_entropy(logits, torch.tensor(tokens[1:]), reduction="none")[-n_end:]
             sums.append(losses.sum().item())
+            chars.append(losses.sum().item() / len(ending))
             means.append(losses.mean().item())
-        expected_sum.append(min(range(4), key=sums.__getitem__))
-        expected_mean.append(min(range(4), key=means.__getitem__))
-    from gptkit.evaluation import load_candidate
+        for name, values in (("acc", sums), ("acc_norm", chars), ("acc_norm_tokens", means)):
+            expected[name].append(min(range(4), key=values.__getitem__) == item["label"])
+    out = run_json(["--init_from", str(folder), "--tasks", "hellaswag", "--task_file",
+                    f"hellaswag={tmp_path / 'hs.jsonl'}"], capsys)
+    line = out["models"][0]["tasks"]["tasks"][0]
+    assert line["items"] == len(items) and line["metric"] == "acc_norm"
+    for name, right in expected.items():
+        assert line[name] == sum(right) / len(items), name
 
-    candidate = load_candidate(str(folder), init_from=True)
-    got = hellaswag.evaluate(candidate.model, candidate.tokenizer, hellaswag.read_items(tmp_path / "hs.jsonl"),
-                             16, torch.device("cpu"), torch.autocast("cpu", enabled=False), batch_size=8)
-    assert [p[0] for p in got["predictions"]] == expected_sum
-    assert [p[1] for p in got["predictions"]] == expected_mean
-    labels = [item["label"] for item in items]
-    assert got["acc"] == sum(p == y for p, y in zip(expected_sum, labels)) / len(items)
-    assert got["acc_norm"] == sum(p == y for p, y in zip(expected_mean, labels)) / len(items)
-    out = run_json(["--init_from", str(folder), "--hellaswag", str(tmp_path / "hs.jsonl")], capsys)
-    assert out["models"][0]["hellaswag"]["acc_norm"] == got["acc_norm"]
+
+def test_the_hellaswag_flag_is_gone_and_says_where_it_went(capsys):
+    assert exit_code(["run", "--hellaswag", "download"]) == 2
+    err = capsys.readouterr().err
+    assert "--tasks hellaswag" in err and "--task_file hellaswag=FILE" in err and len(err.splitlines()) == 1
 
 
 @pytest.fixture
@@ -189,7 +189,7 @@ def test_bad_inputs_exit_2_with_the_reason(trained, tmp_path, capsys):
     assert "3 character(s) outside" in err and "'東'" in err and "run-a" in err and len(err.splitlines()) == 1
     lines = [json.dumps({"ctx": "He", "endings": ["a", "b", "c", "d"], "label": 0}), '{"ctx": "x", "endings": ["a"]}']
     (tmp_path / "hs.jsonl").write_text("\n".join(lines) + "\n")
-    assert exit_code([run, "--hellaswag", str(tmp_path / "hs.jsonl")]) == 2
+    assert exit_code([run, "--tasks", "hellaswag", "--task_file", f"hellaswag={tmp_path / 'hs.jsonl'}"]) == 2
     assert "hs.jsonl, line 2" in capsys.readouterr().err
     damaged = tmp_path / "damaged.pt"
     damaged.write_bytes((runs[0] / "ckpt.pt").read_bytes()[:5000])
@@ -197,16 +197,3 @@ def test_bad_inputs_exit_2_with_the_reason(trained, tmp_path, capsys):
     assert "damaged.pt" in capsys.readouterr().err
     assert exit_code([run]) == 2  # nothing to score
     assert "--input PATH" in capsys.readouterr().err
-
-
-def test_hellaswag_download_offline_names_the_file_to_pass(tmp_path, monkeypatch):
-    def offline(url, data=None, timeout=None):  # the network itself: download_file runs as it is
-        raise urllib.error.URLError("no network")
-
-    monkeypatch.setattr(urllib.request, "urlopen", offline)
-    monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path / "cache"))
-    with pytest.raises(Exception, match=r"could not download HellaSwag .*--hellaswag PATH/hellaswag_val.jsonl"):
-        hellaswag.resolve_file("download")
-    cached = tmp_path / "cache" / "hellaswag" / "hellaswag_val.jsonl"
-    cached.write_text("{}")
-    assert hellaswag.resolve_file("download") == cached  # a cached copy needs no network

@@ -14,9 +14,9 @@ import torch
 
 import eval as eval_script
 import sample
-from gptkit.checkpoint import FORMAT_VERSION, save_checkpoint
-from gptkit.evaluation import InputText, encode_texts
-from gptkit.tokenizer import CharTokenizer
+from gptkit.ops.checkpoint import FORMAT_VERSION, save_checkpoint
+from gptkit.evals.evaluation import InputText, encode_texts
+from gptkit.data.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
 from repo import REPO
 from train_helpers import sample_text, subprocess_env
@@ -70,7 +70,7 @@ def test_max_tokens_stops_reading_an_endless_pipe(tmp_path):
 def test_max_tokens_encodes_only_the_start_of_a_huge_file(tmp_path, tiktoken_available):
     from types import SimpleNamespace
 
-    from gptkit.tokenizer import GPT2Tokenizer
+    from gptkit.data.tokenizer import GPT2Tokenizer
 
     text = sample_text(200_000) + " x  \n\n\t y123 4567 ünïcødé 日本語 🙂 it's  end   "
     path = tmp_path / "huge.txt"

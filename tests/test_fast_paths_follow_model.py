@@ -1,8 +1,8 @@
 """A learner's edit to model.py always takes effect, in every command: training's fused
-kernels (gptkit/fused.py's RMSNorm and ReLU²) check themselves against model.py on the
+kernels (gptkit/fast/fused.py's RMSNorm and ReLU²) check themselves against model.py on the
 run's own model and fall back with one line where they differ; sampling, chat and
 serving run model.py's own forward with faster products swapped in for its nn.Linear
-modules (gptkit/cpu_linears.py), so any edit runs as written.
+modules (gptkit/fast/cpu_linears.py), so any edit runs as written.
 
 Each case copies the tree, edits model.py as a learner would (a changed value in the MLP,
 an activation clamped, attention written by hand with its scores scaled, RMSNorm, every
@@ -31,7 +31,7 @@ ADDED = [("        self.mlp = MLP(config)\n",
 # Every use of a name renamed at once, as a learner's editor does it: every submodule
 # (the attention's and the MLP's matrices, the attention, the norms, the output layer, the
 # blocks' list, the token embedding) and every module class, RMSNorm among them (which
-# gptkit/fused.py swaps).
+# gptkit/fast/fused.py swaps).
 RENAMED_EVERYWHERE = {r"\bc_fc\b": "c_up", r"\blm_head\b": "head",
                       r"\bh=nn\.ModuleList": "blocks=nn.ModuleList", r"\btransformer\.h\b": "transformer.blocks",
                       r"\bwte\b": "tok_emb", r"\bRMSNorm\b": "RootMeanSquareNorm",
@@ -104,16 +104,16 @@ with contextlib.redirect_stdout(text), contextlib.redirect_stderr(said):
 result["decode_int8"] = {"text": text.getvalue(), "stderr": said.getvalue()}
 # the logits sampling runs on, swapped parts and model.py's nn.Linear: the edit's effect in numbers
 import torch
-from gptkit.generate import cached_logits, prepare_for_generating
-from gptkit.loading import load_model
+from gptkit.generation.generate import cached_logits, prepare_for_generating
+from gptkit.models.loading import load_model
 for decode, dtype in ((True, "float32"), (False, "float32"), ("int8", "int8")):
     net = load_model("resume", f"{out}-fused", None, "data", None)[0]
     cfg = sample.SampleConfig(cpu_decode=True if decode == "int8" else decode, device="cpu", dtype=dtype)
     prepare_for_generating(net, cfg, torch.device("cpu"), note=print)
     result[f"logits_{decode}"] = cached_logits(net, torch.tensor([[1, 2, 3, 4]])).flatten().tolist()
 # a chat model of the same architecture: the trained weights and 4 turn tokens
-from gptkit.checkpoint import load_checkpoint, save_checkpoint
-from gptkit.loading import find_checkpoint
+from gptkit.ops.checkpoint import load_checkpoint, save_checkpoint
+from gptkit.models.loading import find_checkpoint
 ckpt = load_checkpoint(find_checkpoint(f"{out}-fused"))
 model = __import__("model").GPT(__import__("model").GPTConfig(**ckpt["model_config"]))
 model.load_state_dict(ckpt["model"])
@@ -180,10 +180,10 @@ def unedited(tiny_data):
 
 
 def test_unedited_the_fast_paths_run_and_are_named(unedited):
-    assert "kernels gptkit/fused.py (RMSNorm, ReLU² backward by hand, checked against model.py" in unedited["fused"]["log"]
+    assert "kernels gptkit/fast/fused.py (RMSNorm, ReLU² backward by hand, checked against model.py" in unedited["fused"]["log"]
     assert "does not match" not in unedited["fused"]["log"]
     said = unedited["decode_true"]["stderr"]
-    swapped = "decode: model.py's forward with its KV cache; 9 nn.Linear replaced by NumPyLinear (gptkit/cpu_linears.py"
+    swapped = "decode: model.py's forward with its KV cache; 9 nn.Linear replaced by NumPyLinear (gptkit/fast/cpu_linears.py"
     assert swapped in said and "nn.Linear" not in said.replace(swapped, "").replace("keeps nn.Linear)", "")
     assert "decode: model.py's forward with its KV cache\n" in unedited["decode_false"]["stderr"]
     assert unedited["decode_true"]["text"] == unedited["decode_false"]["text"]
@@ -224,8 +224,8 @@ def test_an_edit_to_model_py_is_what_trains_and_samples(edit, tiny_data, unedite
     same = edit == "renamed"  # a new name computes what the old one did; every other edit changes it
     assert (got["fused"]["losses"] == pytest.approx(unedited["fused"]["losses"], abs=1e-5)) == same
     if edit == "rmsnorm":  # the one fused module this edit touches: it fell back, and said so
-        assert "kernels: gptkit/fused.py's RMSNorm does not match model.py's" in got["fused"]["log"]
-        assert "kernels gptkit/fused.py (ReLU² backward by hand" in got["fused"]["log"]
+        assert "kernels: gptkit/fast/fused.py's RMSNorm does not match model.py's" in got["fused"]["log"]
+        assert "kernels gptkit/fast/fused.py (ReLU² backward by hand" in got["fused"]["log"]
     # sampling, chat and serving run the edited model.py, its Linears swapped (one more per block when added)
     linears = 9 + 2 * (edit == "added")
     for said in (got["decode_true"]["stderr"], got["serve"]["stderr"]):
@@ -254,7 +254,7 @@ def test_edits_to_the_fused_formulas_for_some_inputs_or_in_training_only_fall_ba
     fallback = [line for line in log.splitlines() if "does not match" in line]
     assert len(fallback) == 2, log
     for line, kind, why in zip(fallback, ("RMSNorm", "ReLU2"), ("in training mode", "of scale 10")):
-        assert line.startswith(f"kernels: gptkit/fused.py's {kind} does not match model.py's ("), line
+        assert line.startswith(f"kernels: gptkit/fast/fused.py's {kind} does not match model.py's ("), line
         assert why in line and line.endswith(f"): model.py's {kind} runs"), line
     assert "kernels model.py" in log
     assert got["fused"]["losses"] == pytest.approx(got["model"]["losses"], abs=1e-5)

@@ -1,4 +1,4 @@
-"""gptkit/fused.py: the hand-written backward passes agree with autograd's, and
+"""gptkit/fast/fused.py: the hand-written backward passes agree with autograd's, and
 apply() swaps them into a built GPT without changing what it computes or saves."""
 
 import copy
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import model as plain
-from gptkit import fused
+from gptkit.fast import fused
 from model import GPT, GPTConfig
 
 
@@ -109,7 +109,7 @@ def test_train_py_cpu_kernels_fused_and_model_give_the_same_losses_and_say_which
     hand, hand_header, hand_recorded = run_with_kernels(tmp_path / "data", tmp_path / "fused", "fused", capsys)
     auto, auto_header, auto_recorded = run_with_kernels(tmp_path / "data", tmp_path / "model", "model", capsys)
     assert hand_header == ["0.03M parameters | world size 1 | cpu float32 | compile False | "
-                           "kernels gptkit/fused.py (RMSNorm, ReLU² backward by hand, checked against "
+                           "kernels gptkit/fast/fused.py (RMSNorm, ReLU² backward by hand, checked against "
                            "model.py; --cpu_kernels model for model.py's)"]
     assert auto_header == ["0.03M parameters | world size 1 | cpu float32 | compile False | kernels model.py"]
     assert (hand_recorded, auto_recorded) == ("fused", "model")

@@ -1,11 +1,11 @@
-"""gptkit/generate.py: the cached generation equals recomputation (and model.py's plain
+"""gptkit/generation/generate.py: the cached generation equals recomputation (and model.py's plain
 generate), the cache policies past block_size, stop tokens, and TextStream's text."""
 
 import pytest
 import torch
 
-from gptkit import generate
-from gptkit.tokenizer import CharTokenizer, tokenizer_from_dict
+from gptkit.generation import generate
+from gptkit.data.tokenizer import CharTokenizer, tokenizer_from_dict
 from model import GPT, GPTConfig
 
 POS_ENCODINGS = ("learned", "sinusoidal", "rope", "none")

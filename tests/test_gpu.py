@@ -12,7 +12,7 @@ import torch
 import eval as eval_script
 import sample
 import train
-from gptkit.checkpoint import load_checkpoint
+from gptkit.ops.checkpoint import load_checkpoint
 from gptkit.config import read_config_file
 from gptkit.train import optim
 from model import GPT, GPTConfig

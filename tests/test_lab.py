@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptkit.errors import UserError, run_main
+from gptkit.ops.errors import UserError, run_main
 import lab
 from repo import REPO
 

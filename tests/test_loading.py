@@ -1,9 +1,9 @@
-"""gptkit/loading.py: finding a checkpoint, and what to do when there is none."""
+"""gptkit/models/loading.py: finding a checkpoint, and what to do when there is none."""
 
 import pytest
 
-from gptkit.errors import UserError
-from gptkit.loading import find_checkpoint
+from gptkit.ops.errors import UserError
+from gptkit.models.loading import find_checkpoint
 
 
 @pytest.mark.parametrize("out_dir, command", [

@@ -1,4 +1,4 @@
-"""LoRA (gptkit/lora.py) against peft's, and a LoRA run end to end: train, resume,
+"""LoRA (gptkit/models/lora.py) against peft's, and a LoRA run end to end: train, resume,
 sample, evaluate and export. Bases are made offline: a tiny random transformers
 GPT-2 saved to a folder, or a tiny checkpoint of ours."""
 
@@ -11,11 +11,11 @@ import torch
 from repo import REPO
 
 import train
-from gptkit import lora
-from gptkit.checkpoint import load_checkpoint
-from gptkit.errors import UserError, run_main
+from gptkit.models import lora
+from gptkit.ops.checkpoint import load_checkpoint
+from gptkit.ops.errors import UserError, run_main
 from gptkit.interop.hf_gpt2 import load_gpt2
-from gptkit.loading import load_model
+from gptkit.models.loading import load_model
 from gptkit.train import optim
 from model import GPT, GPTConfig
 from train_helpers import losses_by_iter, read_metrics, subprocess_env, tiny_args, write_base_checkpoint, write_char_dataset
@@ -204,7 +204,7 @@ def test_lora_run_learns_saves_adapters_only_and_exports_the_merged_model(hf_run
         assert (out / name).stat().st_size < base_bytes / 20, (name, (out / name).stat().st_size, base_bytes)
 
     # The unmerged run's logits: base + adapters, built the way training resumes it.
-    from gptkit.loading import adapted_model
+    from gptkit.models.loading import adapted_model
 
     unmerged = adapted_model(ckpt["lora"], ckpt["model"], "ckpt", 32).eval()
     idx = torch.from_numpy(np.fromfile(data / "bpe" / "val.bin", dtype=np.uint16)[:32].astype(np.int64))[None]
@@ -215,7 +215,7 @@ def test_lora_run_learns_saves_adapters_only_and_exports_the_merged_model(hf_run
     with torch.no_grad():
         torch.testing.assert_close(merged(idx)[0], expected, atol=5e-5, rtol=1e-5)  # merging rounds W + BA once: up to ~1.5e-5 here
 
-    from gptkit.evaluation import load_candidate  # eval.py's loading
+    from gptkit.evals.evaluation import load_candidate  # eval.py's loading
 
     with torch.no_grad():
         torch.testing.assert_close(load_candidate(str(out)).model(idx)[0], expected, atol=5e-5, rtol=1e-5)
@@ -301,7 +301,7 @@ def test_a_non_finite_step_stops_the_lora_run_with_its_last_checkpoint_finite(ch
 
 
 def test_a_second_run_on_a_live_lora_out_dir_is_refused(char_base, tmp_path):
-    from gptkit.lock import FolderLock
+    from gptkit.ops.lock import FolderLock
 
     data, base = char_base
     out = tmp_path / "out"
@@ -349,7 +349,7 @@ def test_resuming_a_lora_run_takes_lora_dropout_without_a_rank(char_base, tmp_pa
 
 
 def test_a_run_folder_or_a_sharded_folder_as_base_loads_its_checkpoint(char_base, tmp_path):
-    from gptkit.loading import checkpoint_of
+    from gptkit.models.loading import checkpoint_of
 
     data, base = char_base
     first = tmp_path / "first"

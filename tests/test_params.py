@@ -1,11 +1,11 @@
-"""gptkit/params.py (python lab.py params): exact parameter counts from shapes alone, for any config file."""
+"""gptkit/models/params.py (python lab.py params): exact parameter counts from shapes alone, for any config file."""
 
 import pytest
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from model import GPT, GPTConfig
 import lab
-from gptkit import params
+from gptkit.models import params, shapes
 from repo import REPO
 from train_helpers import write_char_dataset
 
@@ -114,7 +114,7 @@ def test_meta_model_has_the_built_models_shapes_and_allocates_no_matrix(variant)
     from model import GPT
 
     config = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=50, **variant)
-    meta, real = params.meta_model(config), GPT(config)
+    meta, real = shapes.meta_model(config), GPT(config)
     assert {k: v.shape for k, v in meta.state_dict().items()} == {k: v.shape for k, v in real.state_dict().items()}
     matrices = [p for p in meta.parameters() if p.dim() == 2]
     assert matrices and all(p.is_meta for p in matrices)
@@ -123,21 +123,21 @@ def test_meta_model_has_the_built_models_shapes_and_allocates_no_matrix(variant)
 
 
 def test_loading_a_checkpoint_leaves_torch_compile_unimported(tmp_path):
-    """The shape check before allocating (gptkit/loading.py) builds on meta tensors without
+    """The shape check before allocating (gptkit/models/loading.py) builds on meta tensors without
     PyTorch's reference implementations, whose first use imports torch._dynamo: about a
     second of every sample.py, serve.py and eval.py start (measured)."""
     import dataclasses
     import subprocess
     import sys
 
-    from gptkit.checkpoint import save_checkpoint
+    from gptkit.ops.checkpoint import save_checkpoint
     from model import GPT
 
     config = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=20, pos_encoding="rope")
     save_checkpoint({"format_version": 1, "model": GPT(config).state_dict(),
                      "model_config": dataclasses.asdict(config),
                      "tokenizer": {"type": "char", "chars": [chr(97 + i) for i in range(20)]}}, tmp_path / "ckpt.pt")
-    code = ("import sys; from gptkit import loading; from gptkit.checkpoint import load_checkpoint; "
+    code = ("import sys; from gptkit.models import loading; from gptkit.ops.checkpoint import load_checkpoint; "
             f"p = {str(tmp_path / 'ckpt.pt')!r}; loading.model_from_checkpoint(load_checkpoint(p), p); "
             "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -149,7 +149,7 @@ def test_the_parts_found_by_what_they_are_are_model_pys_own():
     """blocks, vocabulary_matrices and blocks_held name what model.py's names say (the
     renamed-module tests run them on other names): a position table with as many rows as
     the padded vocabulary is not taken for the token embedding, tied or not."""
-    from gptkit.params import blocks, blocks_held, vocabulary_matrices
+    from gptkit.models.shapes import blocks, blocks_held, vocabulary_matrices
 
     for tied in (True, False):
         model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=128, vocab_size=100, pad_vocab_multiple=64,

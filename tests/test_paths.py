@@ -1,6 +1,6 @@
 """Destinations a user gets wrong, for every command that writes: one line naming the
 path and the fix (exit 2) before any work, and a full disk during the write is one
-line (exit 1) that leaves nothing behind (gptkit/paths.py)."""
+line (exit 1) that leaves nothing behind (gptkit/ops/paths.py)."""
 
 import dataclasses
 import os
@@ -13,9 +13,9 @@ import torch
 
 import convert
 
-from gptkit.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint, write_text_atomic
-from gptkit.errors import UserError
-from gptkit.paths import NAME_MAX, claim_output, temp_name
+from gptkit.ops.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint, write_text_atomic
+from gptkit.ops.errors import UserError
+from gptkit.ops.paths import NAME_MAX, claim_output, temp_name
 from model import GPT, GPTConfig
 from repo import REPO
 from train_helpers import subprocess_env
@@ -258,8 +258,8 @@ def test_prepare_checks_the_folder_before_the_scan(tmp_path, read_only, monkeypa
 
 
 def test_inputs_whose_names_the_system_refuses_are_one_line_too(tmp_path):
-    from gptkit.evaluation import load_candidate
-    from gptkit.loading import load_model
+    from gptkit.evals.evaluation import load_candidate
+    from gptkit.models.loading import load_model
     from gptkit.prepare.sources import resolve_inputs
 
     long = tmp_path / LONG_NAME
@@ -271,9 +271,11 @@ def test_inputs_whose_names_the_system_refuses_are_one_line_too(tmp_path):
 
 def test_one_cache_folder_for_every_download_measurement_and_build(tmp_path, monkeypatch):
     """$GPTKIT_CACHE_DIR, else $XDG_CACHE_HOME/gptkit, else ~/.cache/gptkit (an empty
-    variable counts as unset), for HellaSwag, the tasks, GSM8K, the CPU peak and the int8 kernel."""
-    from gptkit import hellaswag, int8_kernel, rl_data, tasks
-    from gptkit.paths import cache_dir
+    variable counts as unset), for the tasks, GSM8K, the CPU peak and the int8 kernel."""
+    from gptkit.fast import int8_kernel
+    from gptkit.data import rl_data
+    from gptkit.evals import tasks
+    from gptkit.ops.paths import cache_dir
     from gptkit.train import mfu
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -284,5 +286,5 @@ def test_one_cache_folder_for_every_download_measurement_and_build(tmp_path, mon
     assert cache_dir("tasks") == tmp_path / "xdg" / "gptkit" / "tasks"
     monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path / "mine"))
     assert cache_dir("gsm8k") == tmp_path / "mine" / "gsm8k"
-    for module in (hellaswag, int8_kernel, rl_data, tasks, mfu):  # none keeps a folder rule of its own
+    for module in (int8_kernel, rl_data, tasks, mfu):  # none keeps a folder rule of its own
         assert "cache_dir" in vars(module) and vars(module)["cache_dir"] is cache_dir

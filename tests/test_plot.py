@@ -1,13 +1,13 @@
-"""gptkit/plot.py and `eval.py plot`: reads metrics.jsonl as train.py writes it and draws every run."""
+"""gptkit/evals/plot.py and `eval.py plot`: reads metrics.jsonl as train.py writes it and draws every run."""
 
 import json
 import sys
 
 import pytest
 
-from gptkit.errors import UserError, run_main
+from gptkit.ops.errors import UserError, run_main
 import eval as eval_script
-from gptkit import plot
+from gptkit.evals import plot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -17,7 +17,7 @@ VERSION_GATED = [
     ("get_total_norm(", "train.py", "2.6", False),  # torch.nn.utils.get_total_norm
     ("from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard", "gptkit/train/fsdp.py", "2.6", False),  # FSDP2 public
     ("src_data_rank=None", "gptkit/train/muon.py", "2.7", False),  # distribute_tensor without a broadcast
-    ("fp32_precision", "gptkit/device.py", "2.9", True),  # the TF32 API that replaced allow_tf32
+    ("fp32_precision", "gptkit/ops/device.py", "2.9", True),  # the TF32 API that replaced allow_tf32
 ]
 
 

@@ -17,11 +17,12 @@ import pytest
 import torch
 
 import rl
-from gptkit import lora, rl_data
-from gptkit.chat import encode_conversation
-from gptkit.checkpoint import load_checkpoint, save_checkpoint
-from gptkit.errors import run_main
-from gptkit.tokenizer import tokenizer_from_dict
+from gptkit.models import lora
+from gptkit.data import rl_data
+from gptkit.data.chat import encode_conversation
+from gptkit.ops.checkpoint import load_checkpoint, save_checkpoint
+from gptkit.ops.errors import run_main
+from gptkit.data.tokenizer import tokenizer_from_dict
 from model import GPT, GPTConfig
 from repo import REPO
 from train_helpers import subprocess_env
@@ -288,7 +289,7 @@ def test_lora_run_saves_adapters_and_its_reference_is_the_start(tmp_path, chat_c
     cfg = rl.RLConfig(method="dpo", init_from="resume", out_dir=str(out))
     model, chat, _, start = rl.load_start(cfg)
     assert lora.is_applied(model) and start == chat_ckpt.resolve()
-    from gptkit.loading import model_from_checkpoint, read_checkpoint
+    from gptkit.models.loading import model_from_checkpoint, read_checkpoint
 
     base, _, _ = model_from_checkpoint(read_checkpoint(chat_ckpt), chat_ckpt)
     ids = chat.prompt([{"role": "user", "content": "What is 3+4?"}]) + chat.reply_ids("7")

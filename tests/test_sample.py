@@ -11,10 +11,10 @@ import pytest
 from malicious import RunsCode
 import torch
 
-from gptkit import generate
-from gptkit.checkpoint import save_checkpoint
-from gptkit.errors import UserError, run_main
-from gptkit.tokenizer import CharTokenizer, tokenizer_from_dict
+from gptkit.generation import generate
+from gptkit.ops.checkpoint import save_checkpoint
+from gptkit.ops.errors import UserError, run_main
+from gptkit.data.tokenizer import CharTokenizer, tokenizer_from_dict
 from model import GPT, GPTConfig
 from repo import REPO
 import sample
@@ -308,7 +308,7 @@ def test_attention_draws_and_does_not_sample(tiny, tmp_path, monkeypatch, capsys
         calls.append((model.config.n_layer, tokenizer.decode(tokenizer.encode(text)), layer, path))
         return path
 
-    monkeypatch.setitem(sys.modules, "gptkit.attention_plot", types.SimpleNamespace(draw_attention=draw_attention))
+    monkeypatch.setitem(sys.modules, "gptkit.evals.attention_plot", types.SimpleNamespace(draw_attention=draw_attention))
     got, err = run_sample(capsys, "--out_dir", str(out), "--start", "ROMEO:", "--attention", "a.png", "--layer", "1")
     assert calls == [(2, "ROMEO:", 1, "a.png")]
     assert got == "" and "wrote a.png" in err

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from gptkit.sampling import choose_next_token, filter_min_p, filter_top_k, filter_top_p
+from gptkit.generation.sampling import choose_next_token, filter_min_p, filter_top_k, filter_top_p
 
 
 def logits_of(*probs):
@@ -68,7 +68,7 @@ def test_repetition_penalty_as_in_ctrl():
     # token 0 (positive) is divided, token 1 (negative) multiplied: greedy moves to token 2
     assert choose_next_token(logits, temperature=0, repetition_penalty=4.0, previous_tokens=previous).item() == 2
     assert choose_next_token(logits, temperature=0, repetition_penalty=1.5, previous_tokens=previous).item() == 0
-    from gptkit.sampling import apply_repetition_penalty
+    from gptkit.generation.sampling import apply_repetition_penalty
 
     torch.testing.assert_close(apply_repetition_penalty(logits, previous, 2.0), torch.tensor([[1.0, -4.0, 1.0, 0.5]]))
 

@@ -1,4 +1,4 @@
-"""gptkit/scoring.py: sliding windows score every token once; bits per byte; byte lengths."""
+"""gptkit/evals/scoring.py: sliding windows score every token once; bits per byte; byte lengths."""
 
 import math
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptkit import scoring
-from gptkit.tokenizer import CharTokenizer, GPT2Tokenizer
+from gptkit.evals import scoring
+from gptkit.data.tokenizer import CharTokenizer, GPT2Tokenizer
 from model import GPT, GPTConfig
 
 

@@ -67,6 +67,68 @@ def test_openai_client_chat_plain_and_streamed_agree(server):
     assert finish == plain.choices[0].finish_reason and usage.total_tokens == plain.usage.total_tokens
 
 
+def spelled(lp):
+    """(tokens joined, whether text_offset counts each token's start) of a completions logprobs object."""
+    starts = [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
+    assert len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["tokens"])
+    return "".join(lp["tokens"]), lp["text_offset"] == starts
+
+
+def streamed(server, path, body):
+    """The chunks' choices of a streamed request, in order."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{server.url}/v1/{path}", data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        events = [line[5:].strip() for line in r.read().decode().splitlines() if line.startswith("data:")]
+    return [choice for e in events[:-1] for choice in json.loads(e)["choices"]]
+
+
+@pytest.mark.parametrize("cut", [(2, 3), (5, 7), (9, 12), (0, 1)])  # where in the full reply the stop string is
+def test_logprobs_spell_exactly_the_text_a_stop_string_cut(server, cut):
+    """The tokens of the stop string, and those held back as its possible start, are not in
+    `logprobs`: chat and completions, whole and streamed, the tokens spell the reply."""
+    prompt, first = {"prompt": "the dog", "temperature": 0, "max_tokens": 30}, {"messages": [
+        {"role": "user", "content": "the dog"}], "temperature": 0, "max_tokens": 30}
+    for path, body, options in (("completions", prompt, {"logprobs": 2}),
+                                ("chat/completions", first, {"logprobs": True, "top_logprobs": 2})):
+        status, full = post(f"{server.url}/v1/{path}", {**body, **options})
+        text = full["choices"][0].get("text", full["choices"][0].get("message", {}).get("content"))
+        stop = text[cut[0]:cut[1]]
+        assert status == 200 and len(text) >= 12 and stop, full
+        status, reply = post(f"{server.url}/v1/{path}", {**body, **options, "stop": [stop, "\x00"]})
+        choice = reply["choices"][0]
+        chunks = streamed(server, path, {**body, **options, "stop": stop})
+        if path == "completions":
+            assert choice["text"] == text[: text.index(stop)] and choice["finish_reason"] == "stop"
+            assert spelled(choice["logprobs"]) == (choice["text"], True)
+            assert "".join(c["text"] for c in chunks) == choice["text"]
+            tokens = [t for c in chunks if c["logprobs"] for t in c["logprobs"]["tokens"]]
+            offsets = [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]]
+            assert tokens == choice["logprobs"]["tokens"] and offsets == choice["logprobs"]["text_offset"]
+        else:
+            content = choice["message"]["content"]
+            assert content == text[: text.index(stop)] and choice["finish_reason"] == "stop"
+            assert "".join(t["token"] for t in choice["logprobs"]["content"]) == content
+            assert "".join(c["delta"].get("content") or "" for c in chunks) == content
+            tokens = [t["token"] for c in chunks if c["logprobs"] for t in c["logprobs"]["content"]]
+            assert "".join(tokens) == content
+
+
+def test_a_developer_message_is_the_system_message(server):
+    """Newer OpenAI clients send the system prompt as role "developer": the same reply as "system"."""
+    def reply(role):
+        messages = [{"role": role, "content": "be brief."}, {"role": "user", "content": "hello there"}]
+        status, body = post(server.url + "/v1/chat/completions",
+                            {"messages": messages, "temperature": 0, "max_tokens": 12})
+        assert status == 200, body
+        return body["choices"][0]["message"]["content"], body["usage"]["prompt_tokens"]
+
+    system, developer = reply("system"), reply("developer")
+    assert developer == system and system[1] == 1 + 9 + 1 + 1 + 11 + 1 + 1  # the system turn is in the prompt
+
+
 def test_completions_continue_text_and_stop_at_a_stop_string(server):
     c = client(server)
     full = c.completions.create(model="tiny-chat", prompt="the cat", max_tokens=30, temperature=0)
@@ -129,6 +191,8 @@ MALFORMED = [  # (body or raw bytes, path, status, what the message says, param)
      "top_logprobs must be between 0 and 20", "top_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "x"}]}, "chat", 400,
      "only the first", "messages[1].role"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "developer", "content": "x"}]}, "chat", 400,
+     "a developer message: only the first", "messages[1].role"),
     ({"messages": [{"role": "user", "content": "HI"}]}, "chat", 400, "outside this model's character vocabulary", None),
     ({"messages": [{"role": "user", "content": "a" * 70}]}, "chat", 400, "more than the model's context", None),
     ({"prompt": 12}, "completions", 400, "prompt must be", "prompt"),

@@ -1,5 +1,5 @@
 """serve.py's continuous batching, in process: requests of different lengths and settings
-that join and leave one running batch each get the reply gptkit/generate.py's
+that join and leave one running batch each get the reply gptkit/generation/generate.py's
 generate_samples (sample.py's loop, model.py's plain KVCache, one request alone) gives."""
 
 import dataclasses
@@ -10,9 +10,9 @@ import pytest
 import torch
 from serve_helpers import write_checkpoint
 
-from gptkit import chat_session
-from gptkit.generate import generate_samples
-from gptkit.loading import load_model
+from gptkit.generation import chat_session
+from gptkit.generation.generate import generate_samples
+from gptkit.models.loading import load_model
 from gptkit.serve import api
 from gptkit.serve.worker import Job, Worker
 
@@ -214,6 +214,26 @@ def test_a_steps_events_reach_their_queues_after_it_in_one_wake_up(running_loop)
     assert len(wakes) == 2
 
 
+def test_the_workers_step_holds_back_the_events_of_every_loops_mailbox(running_loop):
+    """Mailboxes.step, which serve.py passes to the Worker as around_step: the events of a
+    step wait for its end in each event loop's mailbox, and the mailbox of a loop is made
+    once (the app asks for it per request)."""
+    import asyncio
+
+    from gptkit.serve.app import Mailboxes
+
+    loop, wakes = running_loop
+    mailboxes = Mailboxes()
+    box = mailboxes.of(loop)
+    assert mailboxes.of(loop) is box
+    queue = asyncio.Queue()
+    with mailboxes.step():
+        box.post(queue, ("text", 0))
+        time.sleep(0.05)
+        assert queue.empty(), "an event reached the loop during the step"
+    assert arrived([queue], [1]) and len(wakes) == 1
+
+
 def test_events_for_a_loop_that_has_closed_are_dropped_quietly():
     import asyncio
 
@@ -297,10 +317,10 @@ def test_a_stream_writes_at_most_once_per_interval_the_first_token_at_once_and_e
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
 def test_model_py_as_written_batches_as_it_runs_alone_for_every_variant_and_part(variant, dtype):
     """serve.py's start-up check passes on model.py as written: every position encoding,
-    norm, MLP and attention, with each of gptkit/cpu_linears.py's parts swapped in; and it
+    norm, MLP and attention, with each of gptkit/fast/cpu_linears.py's parts swapped in; and it
     fails where a row's logits beside others are not its own (a model whose attention
     ignores the padding mask)."""
-    from gptkit.generate import prepare_for_generating
+    from gptkit.generation.generate import prepare_for_generating
     from gptkit.serve.batch import batching_differs
     from model import GPT, GPTConfig
 
@@ -325,3 +345,48 @@ def ignoring_mask(attn, x, cache, layer):
         k, v = cache.update(layer, k, v)
     y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=True)
     return attn.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class BytePieces:
+    """A tokenizer of byte strings, as BPE's: a token may hold several characters, or half of one."""
+
+    def __init__(self, pieces):
+        self.pieces, self.vocab_size, self.eot_id = pieces, len(pieces), None
+
+    def decode(self, ids):
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
+FULL = "hello woréld"  # BytePieces(PIECES) of every token in turn
+PIECES = [b"he", b"llo w", b"or", "é".encode()[:1], "é".encode()[1:], b"ld"]
+
+
+@pytest.mark.parametrize("stop, want", [
+    ("lo w", ["he", "l"]),          # the cut falls inside a token: it keeps "l", the rest is dropped
+    ("oré", ["he", "llo w"]),       # the stop string ends in a character split over two tokens
+    ("é", ["he", "llo w", "or"]),   # the cut before a split character: both its tokens dropped
+    ("ld", ["he", "llo w", "or", "\ufffd", "\ufffd"]),  # (each half of é alone decodes to U+FFFD)
+    ("zz", ["he", "llo w", "or", "\ufffd", "\ufffd", "ld"]),  # no stop: every token
+])
+def test_log_probabilities_go_out_with_the_text_they_made_and_stop_at_the_cut(stop, want):
+    """worker.TokenEntries over BPE-like tokens: whatever the tokens' edges, no entry goes
+    out before the text it made, and at the end the tokens spell the text a stop string
+    cut (a token the cut falls in keeps its part of the text)."""
+    from gptkit.generation.generate import TextStream
+    from gptkit.serve.worker import TokenEntries
+
+    tokenizer = BytePieces(PIECES)
+    stream, entries, out, text = TextStream(tokenizer, stop, stop_tokens=[]), TokenEntries(), [], ""
+    for token in range(len(PIECES)):
+        stream.push(token)
+        finished = stream.stopped or token == len(PIECES) - 1
+        if finished:
+            stream.close()
+        text += stream.take_new()
+        entries.add(len(stream.text), tokenizer.decode([token]), -1.0 * token, [])
+        out += [t for t, _, _ in entries.take(stream.shown, stream.text if finished else None)]
+        assert len("".join(out).replace("\ufffd", "")) <= len(text), (out, text)  # never ahead of the text
+        if finished:
+            break
+    assert text == FULL[: FULL.find(stop)] if stop in FULL else text == FULL
+    assert out == want

@@ -4,6 +4,7 @@ drive it (Content-Type, Host), slow or silent connections are closed after
 --request_timeout, a connection flood past the file limit leaves it answering, and an
 API key no client could send is refused at start."""
 
+import collections
 import json
 import signal
 import socket
@@ -236,6 +237,57 @@ def test_a_connection_flood_past_the_file_limit_leaves_the_server_answering(chec
     assert len(warnings) <= 2, err  # said once in a while, not a traceback each time
 
 
+def test_past_the_file_limit_with_every_connection_busy_a_new_one_is_answered_503(checkpoint):
+    """ulimit -n 64 leaves room for 8 connections (guard.connection_limit's floor). With 8
+    busy (their bodies still coming: none silent, none to close), a ninth is answered 503
+    with Retry-After, in OpenAI's error shape, not closed unanswered: a GET, a POST whose
+    body goes out after the answer, and a client that reads before it sends. Once the 8
+    go, requests are answered again; 60 at once (their connections all made before any
+    is read, so none looks silent) are each answered, 200 or 503, none reset."""
+    s = Server(f"--ckpt={checkpoint}", "--allowed_hosts=*", "--require_json=false", "--queue_size=64",
+               open_files=64, env={"GPT_FAULTS": "token_delay=0.02"})
+    busy, burst = [], []
+    try:
+        for _ in range(8):
+            busy.append(socket.create_connection(("127.0.0.1", s.port), timeout=10))
+            busy[-1].sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        time.sleep(0.5)  # the server has read their headers: each is busy with its request
+        status, body = get(s.url + "/health", timeout=8)
+        assert status == 503 and body["error"]["code"] == "too_many_connections", body
+        assert "ulimit -n" in body["error"]["message"] and body["error"]["type"] == "server_error"
+        status, body = post(s.url + "/v1/completions", {"prompt": "ab" * 20_000, "max_tokens": 1}, timeout=8)
+        assert status == 503 and body["error"]["code"] == "too_many_connections", body
+        with socket.create_connection(("127.0.0.1", s.port), timeout=8) as quiet:
+            answer = quiet.makefile("rb").read()  # sends nothing: the answer comes, then the end
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"\r\nretry-after: 1\r\n" in answer.lower(), answer
+        for sock in busy:
+            sock.close()
+        time.sleep(0.3)
+        assert get(s.url + "/health", timeout=8)[0] == 200
+
+        body = json.dumps({"prompt": "ab", "max_tokens": 20})
+        request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                   f"Connection: close\r\n\r\n{body}").encode()
+        burst = []  # each request sent whole at once, the next connection made at once after
+        for _ in range(60):
+            burst.append(socket.create_connection(("127.0.0.1", s.port), timeout=20))
+            burst[-1].sendall(request)
+        answers = collections.Counter()
+        for sock in burst:
+            try:
+                answers[sock.makefile("rb").readline().split(b" ")[1].decode()] += 1
+            except (OSError, IndexError) as e:  # reset, or closed with no answer
+                answers[repr(e)] += 1
+            sock.close()
+        answers = {int(k) if k.isdigit() else k: v for k, v in answers.items()}
+        assert set(answers) <= {200, 503} and answers[200] >= 8, answers
+    finally:
+        for sock in busy + burst:
+            sock.close()
+        code, err = s.stop(signal.SIGINT)
+    assert code == 0 and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("args, key, says", [
     (["--api_key= secret"], None, "(--api_key) starts or ends with white space"),
     (["--api_key=secret\t"], None, "starts or ends with white space"),
@@ -252,7 +304,7 @@ def test_a_connection_flood_past_the_file_limit_leaves_the_server_answering(chec
 ])
 def test_settings_no_client_could_use_are_refused_before_anything_loads(tmp_path, monkeypatch, args, key, says):
     import serve
-    from gptkit.errors import UserError
+    from gptkit.ops.errors import UserError
 
     monkeypatch.delenv("GPTKIT_API_KEY", raising=False)
     if key is not None:

@@ -1,6 +1,6 @@
 """The root commands before their main runs: a missing requirement is one line naming it
 (exit 2) and a Ctrl-C while the imports load is "interrupted" (exit 130), never a
-traceback (gptkit/errors.py: quiet_start, run_main)."""
+traceback (gptkit/ops/errors.py: quiet_start, run_main)."""
 
 import os
 import subprocess

@@ -1,5 +1,5 @@
 """eval.py --tasks: the standard tasks read in their publishers' formats, scored in
-batches, and the report card (gptkit/tasks.py, task_scoring.py, report_card.py)."""
+batches, and the report card (gptkit/evals/tasks.py, task_scoring.py, report_card.py)."""
 
 import copy
 import functools
@@ -12,18 +12,20 @@ import pytest
 import torch
 
 import eval as eval_script
-from gptkit import report_card, task_scoring, tasks
-from gptkit.chat import prompt_ids
-from gptkit.errors import UserError, run_main
-from gptkit.evaluation import Candidate, Settings
-from gptkit.tokenizer import CharTokenizer
+from gptkit.evals import report_card
+from gptkit.evals import task_scoring
+from gptkit.evals import tasks
+from gptkit.data.chat import prompt_ids
+from gptkit.ops.errors import UserError, run_main
+from gptkit.evals.evaluation import Candidate, Settings
+from gptkit.data.tokenizer import CharTokenizer
 from model import GPTConfig
 from task_files import ARC, FILES, GSM8K, write_rows, write_task
 from train_helpers import perturbed_model, write_run
 
 pytest.importorskip("pyarrow")  # reads the Hub's parquet files (a test dependency)
 
-TEXT = ("".join(json.dumps(rows) for rows, _ in FILES.values()) + "ABCDEFGHIJ\n.-?!_$"
+TEXT = ("".join(json.dumps(rows) for rows, _ in FILES.values()) + "ABCDEFGHIJKLMNOPQRSTUVWXYZ\n.-?!_$"
         + "Question: Answer: The following are multiple choice questions (with answers) about Which option fills")
 CHARS = sorted(set(TEXT) - {"%"})  # "%" stays out: an item holding it cannot be encoded
 SETTINGS = Settings(torch.device("cpu"), torch.float32, progress=False)
@@ -66,7 +68,7 @@ def file_args(folder, names):
 
 
 def candidate(run):
-    from gptkit.evaluation import load_candidate
+    from gptkit.evals.evaluation import load_candidate
 
     return load_candidate(str(run))
 
@@ -107,6 +109,29 @@ def test_each_format_reads_into_lm_eval_style_pairs(task_folder):
     assert [it.gold for it in gsm] == ["7", "1205"]
     hs = read(task_folder, "hellaswag")[0]
     assert hs.gold == 3 and hs.pairs[3] == ("A man is sitting on a roof. he", " starts pulling up roofing on a roof.")
+
+
+@pytest.mark.parametrize("layout", ["dictionary", "large_string", "dictionary_of_large_string"])
+def test_text_columns_in_any_arrow_layout_read_the_same(task_folder, tmp_path, layout):
+    """A pandas Categorical column is written as dictionary<string>; other writers use large_string."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name in [n for n, (_, file_name) in FILES.items() if file_name.endswith(".parquet")]:
+        table = pa.Table.from_pylist(FILES[name][0])
+        for i, kind in enumerate(table.schema.types):
+            if pa.types.is_string(kind):
+                column = table.column(i).cast(pa.large_string() if "large" in layout else pa.string())
+                table = table.set_column(i, table.field(i).name,
+                                         column.dictionary_encode() if "dictionary" in layout else column)
+        path = tmp_path / layout / name / FILES[name][1]
+        path.parent.mkdir(parents=True)
+        pq.write_table(table, path)
+        assert any(pa.types.is_dictionary(t) or pa.types.is_large_string(t)
+                   for t in pq.read_schema(path).types), (name, pq.read_schema(path))
+        got = tasks.read_task(tasks.TASKS[name], path)
+        want = read(task_folder, name)
+        assert [(it.pairs, it.gold) for it in got] == [(it.pairs, it.gold) for it in want], name
 
 
 @pytest.mark.parametrize("name, row, message", [
@@ -239,6 +264,41 @@ def test_a_chat_model_answers_with_the_letter_it_likes_best(char_runs, task_fold
             assert pick == int(logits[letters].argmax())
 
 
+def test_a_chat_model_can_pick_any_letter_and_items_past_z_are_skipped_saying_why(char_runs, monkeypatch):
+    """Letters past J were once never offered: an item of 14 answers is asked with A to N
+    and any of them can win; one of 27 answers has no letter for its last and is skipped."""
+    cand = candidate(char_runs[2])
+    tok = cand.tokenizer
+    def item(where, question, options):
+        return tasks.Item(where, [(question, " " + o) for o in options], 0, question, options)
+
+    many = [item(f"w{i}", f"Which one is {'xyzw'[i % 4] * (i + 1)}?", [f"answer {chr(97 + (k + i) % 26)}"
+                                                                     for k in range(14)]) for i in range(8)]
+    too_many = item("w27", "Which one?", [f"answer {chr(97 + k % 26)}{k // 26}" for k in range(27)])
+    line = report_card.score_task(cand, tasks.TASKS["arc_easy"], many + [too_many], SETTINGS)
+    assert line["items"] == len(many) and line["skipped"] == 1
+    assert line["skipped_why"] == "1 item: more answers (27) than the letters A to Z to answer with"
+    with torch.no_grad():
+        for item, pick in zip(many, line["predictions"]):
+            question = item.question + "".join(f"\n{L}. {o}" for L, o in zip("ABCDEFGHIJKLMN", item.options))
+            prompt = prompt_ids([{"role": "user", "content": question + "\nAnswer with the letter of the right "
+                                  "answer."}], tok.encode, tok.vocab_size)
+            logits = cand.model.next_token_logits(torch.tensor([prompt]))[0]
+            assert pick == int(logits[[tok.encode(L)[0] for L in "ABCDEFGHIJKLMN"]].argmax())
+    # past J, the bug's blind spot: a model that likes M best answers M
+    m = tok.encode("M")[0]
+    liking_m = task_scoring.last_logits
+
+    def last_logits(*args):
+        logits = liking_m(*args)
+        logits[:, m] += 1e4
+        return logits
+
+    monkeypatch.setattr(task_scoring, "last_logits", last_logits)
+    line = report_card.score_task(cand, tasks.TASKS["arc_easy"], many, SETTINGS)
+    assert line["predictions"] == [12] * len(many)
+
+
 def test_gsm8k_is_scored_by_the_last_number_written(char_runs, task_folder, monkeypatch):
     """The base model continues "Question: ...\\nAnswer:" and the chat model replies to the
     question as a user turn; either way the last number in the text is compared."""
@@ -292,7 +352,7 @@ def test_report_card_side_by_side_with_json_and_skipped_items(tmp_path, char_run
              if line.startswith("| ")]
     assert table[0].startswith("| task | metric | random | a items | a acc | a centered | b items | b acc |")
     assert any(line.startswith("| PIQA | acc_norm | 50.00% | 3 (1 skipped) |") for line in table)
-    assert "PIQA: 1 of 4 items skipped" in printed.err
+    assert "PIQA: skipped 1 of 4 items: the vocabulary lacks '%'" in printed.err
     doc = json.loads(out.read_text())
     cards = [m["tasks"] for m in doc["models"]]
     assert [t["task"] for t in cards[0]["tasks"]] == names
@@ -303,10 +363,48 @@ def test_report_card_side_by_side_with_json_and_skipped_items(tmp_path, char_run
             assert t["centered"] == pytest.approx((value - t["random"]) / (1 - t["random"]))
             centered.append(t["centered"])
         assert card["summary"] == pytest.approx(sum(centered) / len(centered))
-        summary_cell = f"**{100 * card['summary']:.2f}%**"
+        summary_cell = f"**{100 * card['summary']:.2f}% ± {100 * card['summary_stderr']:.2f}**"
         assert summary_cell in table[-1]
     arc = cards[0]["tasks"][0]
     assert arc["random"] == pytest.approx((1 / 4 + 1 / 3 + 1 / 5 + 1 / 4 + 1 / 4) / 5)
+
+
+def outcomes(line, items):
+    """The 0/1 outcome of each scored item under the line's headline metric."""
+    if line["metric"] == "acc" and isinstance(line["predictions"][0], bool):  # LAMBADA: written or not
+        return [float(p) for p in line["predictions"]]
+    which = 1 if line["metric"] == "acc_norm" else 0
+    return [float(p[which] == it.gold) for p, it in zip(line["predictions"], items)]
+
+
+def test_standard_errors_are_lm_evaluation_harness_s_and_propagate_to_the_summary(char_runs, task_folder):
+    lm_metrics = pytest.importorskip("lm_eval.api.metrics")
+    rng = torch.Generator().manual_seed(0)
+    for n in (2, 3, 10, 57, 400):  # the formula is lm-eval's mean_stderr of 0/1 outcomes, at any n and p
+        flags = (torch.rand(n, generator=rng) < torch.rand(1, generator=rng)).float().tolist()
+        p = sum(flags) / n
+        assert report_card.binomial_stderr(p, n) == pytest.approx(lm_metrics.mean_stderr(flags), rel=1e-9, abs=1e-12)
+        assert report_card.binomial_stderr(p, n) == pytest.approx(math.sqrt(p * (1 - p) / (n - 1)))
+    assert math.isnan(report_card.binomial_stderr(1.0, 1))  # one item: no spread to measure
+
+    names = ["arc_easy", "piqa", "winogrande", "lambada", "hellaswag"]
+    read_items = {name: read(task_folder, name) for name in names}
+    card = report_card.score_tasks(candidate(char_runs[0]), [(tasks.TASKS[n], read_items[n]) for n in names],
+                                   SETTINGS, 32, lambda *args: None)
+    stderr_of_mean = lm_metrics.stderr_for_metric(lm_metrics.mean, bootstrap_iters=1000)  # what lm-eval calls
+    errors = []
+    for name, line in zip(names, card["tasks"]):
+        if line["items"] < 2:
+            assert math.isnan(line["stderr"]) and math.isnan(card["summary_stderr"])
+            continue
+        flags = outcomes(line, read_items[name])
+        assert line[line["metric"]] == pytest.approx(sum(flags) / len(flags))
+        assert line["stderr"] == pytest.approx(stderr_of_mean(flags), rel=1e-9, abs=1e-12), name
+        assert line["centered_stderr"] == pytest.approx(line["stderr"] / (1 - line["random"]))
+        errors.append(line["centered_stderr"])
+    assert any(e > 0 for e in errors)
+    lines = [line for line in card["tasks"] if line["items"] >= 2]
+    assert report_card.summary_stderr(lines) == pytest.approx(math.sqrt(sum(e * e for e in errors)) / len(errors))
 
 
 def test_limit_and_named_sets(tmp_path, char_runs, task_folder):
@@ -328,8 +426,11 @@ def hub(tmp_path):
     """A local HTTP server laid out as the Hub: /datasets/REPO/resolve/main/FILE."""
     root = tmp_path / "hub"
     for name, task in tasks.TASKS.items():
-        if task.repo is not None and name in ("arc_easy", "lambada"):
-            write_rows(root / "datasets" / task.repo / "resolve" / "main" / task.file, FILES[name][0])
+        if name in ("arc_easy", "lambada", "hellaswag"):
+            rows = FILES[name][0]
+            if name == "hellaswag":  # the Hub's copy writes the label as a string
+                rows = [dict(row, label=str(row["label"])) for row in rows]
+            write_rows(root / "datasets" / task.repo / "resolve" / "main" / task.file, rows)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -341,18 +442,23 @@ def hub(tmp_path):
 def test_tasks_are_fetched_by_name_once_into_the_cache(tmp_path, char_runs, hub, monkeypatch, capsys):
     monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "card.json"
-    args = [str(char_runs[0]), "--tasks", "arc_easy,lambada", "--json", str(out), "--no_progress"]
+    args = [str(char_runs[0]), "--tasks", "arc_easy,lambada,hellaswag", "--json", str(out), "--no_progress"]
     assert eval_script.main([*args, "--hub_url", hub]) == 0
     cached = tmp_path / "cache" / "tasks" / "arc_easy" / "test-00000-of-00001.parquet"
     assert cached.is_file() and (tmp_path / "cache" / "tasks" / "lambada" / "lambada_test_en.jsonl").is_file()
+    assert (tmp_path / "cache" / "tasks" / "hellaswag" / "validation-00000-of-00001.parquet").is_file()
     first = json.loads(out.read_text())["models"][0]["tasks"]
-    assert first["tasks"][0]["items"] == 5
+    assert [t["items"] for t in first["tasks"]] == [5, 2, 2]  # HellaSwag from the mirror too
     # offline now (nothing listens there): the cached files are read
     assert eval_script.main([*args, "--hub_url", "http://127.0.0.1:9"]) == 0
     assert json.loads(out.read_text())["models"][0]["tasks"] == first
     with pytest.raises(UserError, match=r"could not download PIQA from http://127\.0\.0\.1:9/datasets/baber/piqa/"
                        r"resolve/main/piqa_validation\.parquet .*--task_file piqa=PATH"):
         eval_script.main([*args[:1], "--tasks", "piqa", "--hub_url", "http://127.0.0.1:9"])
+    monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path / "empty"))  # nothing cached: its error names the flag
+    with pytest.raises(UserError, match=r"could not download HellaSwag from http://127\.0\.0\.1:9/datasets/Rowan/"
+                       r"hellaswag/.*--task_file hellaswag=PATH"):
+        eval_script.main([*args[:1], "--tasks", "hellaswag", "--hub_url", "http://127.0.0.1:9"])
     capsys.readouterr()
 
 

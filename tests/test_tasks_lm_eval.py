@@ -13,9 +13,11 @@ import pytest
 import torch
 
 import convert
-from gptkit import report_card, task_scoring, tasks
-from gptkit.evaluation import Settings, load_candidate
-from gptkit.tokenizer import GPT2Tokenizer
+from gptkit.evals import report_card
+from gptkit.evals import task_scoring
+from gptkit.evals import tasks
+from gptkit.evals.evaluation import Settings, load_candidate
+from gptkit.data.tokenizer import GPT2Tokenizer
 from model import GPTConfig
 from task_files import ARC, LAMBADA, MMLU, write_task
 from train_helpers import perturbed_model, subprocess_env, write_run
@@ -26,7 +28,8 @@ pytest.importorskip("pyarrow")
 BLOCK = 32  # short enough that the longer items are cut from the left, as lm-eval cuts them
 
 # The task definitions as lm-eval's own arc_easy, piqa, winogrande, mmlu_anatomy and
-# lambada_openai yaml write them, reading local files instead of the Hub.
+# lambada_openai yaml write them, reading local files instead of the Hub; HellaSwag with
+# our context (its "ctx" field: lm-eval's own also prefixes the activity label).
 YAML = {
     "local_arc": """
         dataset_path: parquet
@@ -69,6 +72,16 @@ YAML = {
         doc_to_target: answer
         metric_list: [{{metric: acc}}]
     """,
+    "local_hellaswag": """
+        dataset_path: json
+        dataset_kwargs: {{data_files: {{test: "{path}"}}}}
+        output_type: multiple_choice
+        test_split: test
+        doc_to_text: "{{{{ctx}}}}"
+        doc_to_target: label
+        doc_to_choice: "{{{{endings}}}}"
+        metric_list: [{{metric: acc}}, {{metric: acc_norm}}]
+    """,
     "local_lambada": """
         dataset_path: json
         dataset_kwargs: {{data_files: {{test: "{path}"}}}}
@@ -91,7 +104,7 @@ def doc_to_choice(doc):
     return [doc["sentence"][:i] + doc["option1"], doc["sentence"][:i] + doc["option2"]]
 '''
 OURS = {"local_arc": "arc_easy", "local_piqa": "piqa", "local_winogrande": "winogrande", "local_mmlu": "mmlu",
-        "local_lambada": "lambada"}
+        "local_hellaswag": "hellaswag", "local_lambada": "lambada"}
 
 RUN_LM_EVAL = """
 import json, sys
@@ -201,7 +214,7 @@ def test_choices_and_accuracy_equal_lm_evaluation_harness_item_by_item(exported,
         assert line["acc"] == pytest.approx(sum(s["acc"] for s in samples) / len(samples))
         assert line["skipped"] == 0
         if name == "arc_easy":  # not one answer everywhere: the choices themselves are compared
-            assert len({p[0] for p in line["predictions"]}) > 1 and any(a != b for a, b in line["predictions"])
+            assert len({p[0] for p in line["predictions"]}) > 1 and any(p[0] != p[1] for p in line["predictions"])
 
 
 def test_long_items_are_cut_as_lm_eval_cuts_them(exported):

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from gptkit.errors import UserError
-from gptkit.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer, tokenizer_from_dict
+from gptkit.ops.errors import UserError
+from gptkit.data.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer, tokenizer_from_dict
 
 
 def test_char_round_trip_and_description():

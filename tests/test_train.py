@@ -13,9 +13,9 @@ import time
 import pytest
 import torch
 
-from gptkit.checkpoint import load_checkpoint
-from gptkit.device import runs_on_glibc
-from gptkit.errors import UserError, run_main
+from gptkit.ops.checkpoint import load_checkpoint
+from gptkit.ops.device import runs_on_glibc
+from gptkit.ops.errors import UserError, run_main
 from gptkit.train.settings import check_world_size
 import train
 from train_helpers import (
@@ -142,6 +142,27 @@ def test_a_time_budget_counts_the_same_steps_whether_or_not_the_run_was_stopped(
     assert (whole["iter_num"], whole["train_cpu_s"]) == (cut["iter_num"], cut["train_cpu_s"]) == (10, 10)
     assert losses_by_iter(tmp_path / "whole") == losses_by_iter(tmp_path / "cut")
     assert all(torch.equal(whole["model"][k], cut["model"][k]) for k in whole["model"])
+
+
+def test_a_time_budget_that_ends_inside_the_warmup_says_so_early_and_at_the_end(data_dir, tmp_path, monkeypatch,
+                                                                                capsys):
+    """A clock of one second a step: a 30-second budget with warmup_iters=100 is said,
+    from the pace of the first steps, to end inside the warmup, and said again at its end;
+    a warmup the budget outlasts is said nothing about."""
+    from gptkit.train import logger
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(logger, "cpu_clock", lambda: float(next(ticks)))  # read twice a step
+    budget = dict(max_iters=100_000, time_budget=30, eval_interval=100_000, lr_decay_iters=100_000, log_interval=100)
+    assert train.main(tiny_args(data_dir, tmp_path / "a", warmup_iters=100, **budget)) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 2, out
+    assert notes[0].startswith("note: time_budget=30 allows about 30 steps at this pace, fewer than warmup_iters=100")
+    assert notes[1].startswith("note: the time budget ended the run at step 30, inside warmup_iters=100")
+    assert [r["iter"] for r in read_metrics(tmp_path / "a", "note")] == [10]  # the 11th step's
+    assert train.main(tiny_args(data_dir, tmp_path / "b", warmup_iters=5, **budget)) == 0
+    assert "note: " not in capsys.readouterr().out
 
 
 def test_a_time_budget_too_small_for_one_step_says_so_and_exits_2(data_dir, tmp_path, capsys):

@@ -134,7 +134,7 @@ def write_base_checkpoint(path, data_dir):
     """A tiny char-level checkpoint of ours, the base of a LoRA run (init_from=FILE)."""
     import torch
 
-    from gptkit.checkpoint import save_checkpoint
+    from gptkit.ops.checkpoint import save_checkpoint
     from model import GPT, GPTConfig
 
     meta = json.loads((data_dir / "tiny" / "meta.json").read_text())
@@ -164,7 +164,7 @@ def write_run(folder, model, tokenizer_dict):
     """folder/ckpt.pt holding `model` as a run of ours (weights, config, tokenizer)."""
     import dataclasses
 
-    from gptkit.checkpoint import FORMAT_VERSION, save_checkpoint
+    from gptkit.ops.checkpoint import FORMAT_VERSION, save_checkpoint
 
     save_checkpoint({
         "format_version": FORMAT_VERSION, "model": model.state_dict(),

@@ -2,7 +2,7 @@
 
 import re
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 # The parameter names of model.py as written (N: a block's number), which the exports map
 # onto other programs' names (Hugging Face, llama.cpp) one by one.

@@ -25,7 +25,7 @@ llama.cpp's pair i, as llama.cpp's own converter does for Hugging Face's layout.
 `qwen3` rotates the halves like we do: nothing to reorder.
 
 The file is written under a temporary name in DEST's folder, fsynced and renamed
-only if nothing appeared at DEST meanwhile (gptkit/atomic.py): an error, a full
+only if nothing appeared at DEST meanwhile (gptkit/ops/atomic.py): an error, a full
 disk, Ctrl-C or SIGTERM never leaves a file that looks complete, nor any temporary.
 f16 and q8_0 refuse a weight they cannot hold (beyond 65504, or a q8_0 block scale
 beyond it) instead of writing infinity.
@@ -39,15 +39,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptkit.atomic import atomic_write
-from gptkit.chat import CHAT_TEMPLATE, chat_vocabulary
-from gptkit.device import F16_MAX, F16_OVERFLOW
-from gptkit.errors import UserError
+from gptkit.ops.atomic import atomic_write
+from gptkit.data.chat import CHAT_TEMPLATE, chat_vocabulary
+from gptkit.ops.device import F16_MAX, F16_OVERFLOW
+from gptkit.ops.errors import UserError
 from gptkit.interop import check_mapped_names, missing_weight
 from gptkit.interop.hf_llama import llama_block
 from gptkit.interop.hf_tokenizer import EOT, bpe_merges, byte_symbols
-from gptkit.paths import claim_output
-from gptkit.tokenizer import GPT2_EOT_ID, load_gpt2_encoding, tokenizer_from_dict
+from gptkit.ops.paths import claim_output
+from gptkit.data.tokenizer import GPT2_EOT_ID, load_gpt2_encoding, tokenizer_from_dict
 
 OUTTYPES = ("f32", "f16", "q8_0")
 Q8_BLOCK = 32  # q8_0 quantizes blocks of 32 values along a row; other rows stay f16
@@ -279,7 +279,7 @@ def export_gguf(source, dest, outtype="f16", data_dir="data"):
         raise missing_weight(e, "--to gguf")
     encoded = {name: encode_tensor(name, tensor, outtype) for name, tensor in tensors.items()}  # checked first
     name = Path(source).resolve().parent.name if Path(source).is_file() else Path(source).resolve().name
-    # A new name: published only if nothing appeared there meanwhile (gptkit/atomic.py).
+    # A new name: published only if nothing appeared there meanwhile (gptkit/ops/atomic.py).
     with atomic_write(dest, replace=False, kept="no partial file was left") as tmp:
         write_gguf(tmp, architecture, model.config, vocab, encoded, outtype, name)
     lines = [summary, f"wrote {dest}: llama.cpp architecture {architecture}, {outtype}, "
@@ -337,7 +337,7 @@ class Vocab:
     merges: list = field(default_factory=list)  # "left right", rank order (gpt2 only)
     eot_id: int | None = None
     kind: str = ""  # our tokenizer type, for messages
-    turns: dict | None = None  # a chat model's turn tokens {name: id} (gptkit/chat.py)
+    turns: dict | None = None  # a chat model's turn tokens {name: id} (gptkit/data/chat.py)
 
 
 def spell(token_bytes, symbols=byte_symbols()):

@@ -15,44 +15,27 @@ torch.load(weights_only=True).
 
 import json
 import os
-import urllib.request
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from gptkit.atomic import atomic_write
-from gptkit.checkpoint import load_checkpoint
-from gptkit.errors import UserError
+from gptkit.ops.atomic import atomic_write
+from gptkit.ops.checkpoint import load_checkpoint
+from gptkit.ops.errors import UserError
+from gptkit.prepare.download import fetch_whole
 from model import GPT, GPTConfig, NORM_EPS
 
 HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # 124M, 350M, 774M, 1558M
 HUB_URL = "https://huggingface.co/openai-community/{name}/resolve/main/{file}"
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 GPT2_EOT_ID = 50256
+# The most a download may bring (no listing gives the size): gpt2-xl's weights are 6.4 GB.
+HUB_FILE_BYTES = {"config.json": 1 << 20, "model.safetensors": 8 << 30}
 
 
 def default_cache_dir():
     return Path(os.environ.get("GPT2_CACHE_DIR", Path.home() / ".cache" / "gpt2_weights"))
-
-
-class DownloadFailed(Exception):
-    """The network failed (its OSError is the cause); a full disk is RunFailed instead."""
-
-
-def download_file(url, dest, timeout=30):
-    """Fetch url into dest via a temporary file (gptkit/atomic.py), so that a broken
-    download never looks complete."""
-    def network(call, *args):
-        try:
-            return call(*args)
-        except OSError as e:  # URLError, timeouts, resets: not the disk
-            raise DownloadFailed(e) from e
-
-    with network(urllib.request.urlopen, url, None, timeout) as response:
-        with atomic_write(dest) as tmp, open(tmp, "wb") as f:
-            while chunk := network(response.read, 1 << 20):
-                f.write(chunk)
 
 
 def hub_folder(name, cache_dir=None):
@@ -63,14 +46,10 @@ def hub_folder(name, cache_dir=None):
         if (folder / file).is_file():
             continue
         url = HUB_URL.format(name=name, file=file)
-        try:
-            download_file(url, folder / file)
-        except DownloadFailed as e:
-            raise UserError(
-                f"could not download {name} from {url} ({e.__cause__}). Offline? Pass a local folder in "
-                "Hugging Face format instead (config.json plus model.safetensors or pytorch_model.bin), "
-                f"e.g. one written by GPT2LMHeadModel.save_pretrained, or copy the files into {folder}"
-            )
+        fetch_whole(url, folder / file, HUB_FILE_BYTES[file], name, hint=(
+            ". Offline? Pass a local folder in Hugging Face format instead (config.json plus model.safetensors or "
+            "pytorch_model.bin), e.g. one written by GPT2LMHeadModel.save_pretrained, or copy the files into "
+            f"{folder}"))
     return folder
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from model import NORM_EPS
 
 # GPTConfig field -> (the value LLaMA needs, why it matters); fields not named here either

@@ -18,8 +18,8 @@ folder that silently tokenizes differently.
 import json
 from pathlib import Path
 
-from gptkit.errors import UserError
-from gptkit.tokenizer import GPT2_EOT_ID, load_gpt2_encoding, tokenizer_from_dict
+from gptkit.ops.errors import UserError
+from gptkit.data.tokenizer import GPT2_EOT_ID, load_gpt2_encoding, tokenizer_from_dict
 
 EOT = "<|endoftext|>"
 
@@ -63,10 +63,10 @@ def bpe_merges(ranks):
 
 def chat_settings(turns):
     """tokenizer_config.json's part for a chat model: the turn tokens as special added
-    tokens at their ids, and the chat template (gptkit/chat.py)."""
+    tokens at their ids, and the chat template (gptkit/data/chat.py)."""
     if turns is None:
         return {}
-    from gptkit.chat import CHAT_TEMPLATE
+    from gptkit.data.chat import CHAT_TEMPLATE
 
     added = {str(i): {"content": name, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
                       "special": True} for name, i in turns.items()}
@@ -167,7 +167,7 @@ def _write_config(folder, settings):
 
 def write_tokenizer(tokenizer_dict, folder, model_max_length, turns=None):
     """Write the tokenizer a checkpoint describes (its meta.json form) into `folder`, with
-    a chat model's `turns` ({name: id}, gptkit/chat.py) and template; returns the
+    a chat model's `turns` ({name: id}, gptkit/data/chat.py) and template; returns the
     end-of-text id or None. A new tokenizer type needs its writer here."""
     kind = tokenizer_dict.get("type") if isinstance(tokenizer_dict, dict) else None
     if kind == "gpt2":

@@ -27,7 +27,7 @@ import pickle
 import re
 from pathlib import Path
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 GPT2_VOCAB = 50257  # GPT-2's BPE vocabulary
 GPT2_PADDED_VOCAB = 50304  # 50257 rounded up to a multiple of 64, as nanoGPT's train_gpt2 pads it

@@ -11,7 +11,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from gptkit.atomic import atomic_write
+from gptkit.ops.atomic import atomic_write
 from gptkit.pipeline.runner import format_duration
 
 

@@ -26,8 +26,8 @@ import threading
 import time
 from pathlib import Path
 
-from gptkit.atomic import atomic_write
-from gptkit.errors import RunFailed, UserError
+from gptkit.ops.atomic import atomic_write
+from gptkit.ops.errors import RunFailed, UserError
 
 HEARTBEAT_S = 30  # without a terminal, a progress line at least this often
 

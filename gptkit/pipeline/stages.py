@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.pipeline.sizes import LLAMA
 
 WEB_CORPORA = ("fineweb_edu", "openwebtext")  # prepare.py downloads these by name

@@ -14,8 +14,8 @@ import json
 import random
 from pathlib import Path
 
-from gptkit.errors import UserError
-from gptkit.paths import claim_output
+from gptkit.ops.errors import UserError
+from gptkit.ops.paths import claim_output
 from gptkit.prepare.chat import prepare_chat, split_conversations
 
 N_CONVERSATIONS = 20_000

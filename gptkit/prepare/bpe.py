@@ -18,8 +18,8 @@ the saved tokenizer is plain JSON that tiktoken (already a dependency) runs.
 import os
 from pathlib import Path
 
-from gptkit.errors import UserError
-from gptkit.tokenizer import BPE_FILE, GPT2_PATTERN, MAX_BPE_VOCAB, MIN_BPE_VOCAB, BPETokenizer, tokenizer_from_dict
+from gptkit.ops.errors import UserError
+from gptkit.data.tokenizer import BPE_FILE, GPT2_PATTERN, MAX_BPE_VOCAB, MIN_BPE_VOCAB, BPETokenizer, tokenizer_from_dict
 
 
 
@@ -72,8 +72,8 @@ def train_bpe(texts, vocab_size):
 def tokenizer_from_path(path):
     """The BPETokenizer in a dataset folder (its meta.json), an out_dir (best.pt or
     ckpt.pt), a checkpoint file, or a tokenizer.json file; UserError if none is there."""
-    from gptkit.tokenizer import BPE_FORMAT, MAX_BPE_FILE_BYTES, embed_bpe_file
-    from gptkit.untrusted import inside, read_regular, regular_size
+    from gptkit.data.tokenizer import BPE_FORMAT, MAX_BPE_FILE_BYTES, embed_bpe_file
+    from gptkit.ops.untrusted import inside, read_regular, regular_size
 
     path = Path(path)
     if not path.exists():
@@ -103,7 +103,7 @@ def tokenizer_from_path(path):
         if BPE_FORMAT not in text[:200]:
             raise UserError(f"--tokenizer_from {path} is not a {BPE_FILE} written by prepare.py")
         return BPETokenizer.from_json(text, str(path))
-    from gptkit.checkpoint import load_checkpoint
+    from gptkit.ops.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path)  # refuses pickled code; UserError for a damaged file
     return _bpe_only(ckpt.get("tokenizer") if isinstance(ckpt, dict) else None, path, None)

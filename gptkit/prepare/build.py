@@ -12,7 +12,7 @@ tokenizes it on all cores and appends to the bins. With `--tokenizer bpe` a pass
 in between trains the BPE on the training split (gptkit/prepare/bpe.py), and
 tokenizer.json goes beside the bins. `prepare.py` is the command.
 
-Before any of that, the dataset folder is claimed (gptkit/paths.py: writable, a
+Before any of that, the dataset folder is claimed (gptkit/ops/paths.py: writable, a
 name the system takes) and locked; a stream input (a pipe, `<(...)`, `-`) can be
 read only once, so it is first copied into a temporary file there, which the
 passes then read (and which is removed at the end, or by the next run if killed).
@@ -32,16 +32,16 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit import faults
-from gptkit.atomic import fsync_dir, publish, terminate_by_exception
-from gptkit.errors import UserError
-from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
-from gptkit.paths import TEMP_MARK, claim_output
+from gptkit.ops import faults
+from gptkit.ops.atomic import fsync_dir, publish, terminate_by_exception
+from gptkit.ops.errors import UserError
+from gptkit.ops.lock import LOCK_NAME, FolderLock, remove_stale_temps
+from gptkit.ops.paths import TEMP_MARK, claim_output
 from gptkit.prepare.encode import CHUNK_CHARS, any_cut, build_tasks, dtype_for, encode_task, gpt2_cut, make_pool, ordered_map, stop_pool
 from gptkit.prepare.shakespeare import shakespeare_input
 from gptkit.prepare.sources import iter_documents, resolve_inputs, spool_streams
 from gptkit.prepare.split import plan_split, scan_inputs
-from gptkit.tokenizer import BPE_FILE, GPT2_EOT_ID, load_gpt2_encoding
+from gptkit.data.tokenizer import BPE_FILE, GPT2_EOT_ID, load_gpt2_encoding
 
 FORMAT_VERSION = 1
 TOKENIZERS = ("char", "gpt2", "bpe")

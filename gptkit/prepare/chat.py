@@ -3,11 +3,11 @@
     python prepare.py chat --input talks.jsonl --format chat --tokenizer gpt2
     python prepare.py chat --input convs/ --format chat --tokenizer char --block_size 256 --errors skip
 
-The bins hold the conversations one after another, whole, as gptkit/chat.py encodes
+The bins hold the conversations one after another, whole, as gptkit/data/chat.py encodes
 them (turn tokens are the ids just past the tokenizer's vocabulary); each *_mask.bin
 holds one uint8 per token: 1 for a target (an assistant's content and its <|end|>),
 2 for the first token of a conversation (its first turn token, never a target), 0 for
-the rest. train.py packs whole conversations into windows (gptkit/chat_batches.py).
+the rest. train.py packs whole conversations into windows (gptkit/data/chat_batches.py).
 The split keeps conversations whole: every k-th one, evenly spaced, is held out.
 meta.json says "chat" (the template, its turn ids, how many conversations and how
 many lines were skipped), is written last, and only after every input line is
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit.chat import TEMPLATE, TURN_TOKENS, encode_records, read_messages, turn_ids
-from gptkit.errors import UserError
-from gptkit.paths import TEMP_MARK, claim_output
+from gptkit.data.chat import TEMPLATE, TURN_TOKENS, encode_records, read_messages, turn_ids
+from gptkit.ops.errors import UserError
+from gptkit.ops.paths import TEMP_MARK, claim_output
 from gptkit.prepare.encode import dtype_for
-from gptkit.tokenizer import BPE_FILE, CharTokenizer, GPT2Tokenizer
+from gptkit.data.tokenizer import BPE_FILE, CharTokenizer, GPT2Tokenizer
 
 TARGET, START = 1, 2  # the mask's values besides 0 (context)
 ERRORS = ("strict", "skip")

@@ -21,9 +21,9 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptkit.errors import UserError
-from gptkit.lock import FolderLock
-from gptkit.paths import TEMP_MARK
+from gptkit.ops.errors import UserError
+from gptkit.ops.lock import FolderLock
+from gptkit.ops.paths import TEMP_MARK
 
 DEFAULT_BASE = "https://huggingface.co"
 VAL_FRACTION = 0.0005  # nanoGPT's openwebtext/prepare.py holds out this share of documents
@@ -70,7 +70,7 @@ def prepare_corpus(name, out_dir="data", *, sample=None, shards=None, base=None,
     """Download the first `shards` files (all when None) of `sample` and prepare data/NAME."""
     from gptkit.prepare.build import locked_dataset_folder, progress_bar
     from gptkit.prepare.download import list_files
-    from gptkit.paths import claim_output
+    from gptkit.ops.paths import claim_output
 
     corpus = CORPORA[name]
     sample = check_amount(name, sample, shards)
@@ -126,9 +126,12 @@ def download(name, sample, base, corpus, files, downloads, progress):
 
 def local_copy(base):
     """The folder `base` names (a path, or a file:// URL), or None for a web address."""
+    from gptkit.prepare.download import web_address
+
     if base.startswith("file://"):
         base = urllib.parse.unquote(urllib.parse.urlsplit(base).path)
     elif "://" in base:
+        web_address(base, "--base_url")  # http(s): ftp://, data: and the like are not opened
         return None
     folder = Path(base).expanduser()
     if not folder.is_dir():
@@ -154,7 +157,7 @@ def tokenize_files(folder, paths, described, workers, bar):
     )
     from gptkit.prepare.encode import CHUNK_CHARS
     from gptkit.prepare.shards import STATE, encode_files, split_rule
-    from gptkit.tokenizer import GPT2_EOT_ID
+    from gptkit.data.tokenizer import GPT2_EOT_ID
 
     workers = default_workers() if workers is None else max(1, int(workers))
     if sum(Path(p).stat().st_size for p in paths) < 2 * CHUNK_CHARS:

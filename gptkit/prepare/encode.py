@@ -15,7 +15,7 @@ from collections import deque
 
 import numpy as np
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 CHUNK_CHARS = 1 << 20  # ~1 MB of text per task: ~0.2 s of BPE, so pickling costs are noise
 MAX_CODE_POINT = 0x10FFFF
@@ -42,11 +42,11 @@ def init_worker(kind, chars=None, dtype="uint16", eot_id=None, bpe_json=None):
     _worker.clear()
     _worker.update(kind=kind, dtype=np.dtype(dtype), eot_id=eot_id)
     if kind == "gpt2":
-        from gptkit.tokenizer import load_gpt2_encoding
+        from gptkit.data.tokenizer import load_gpt2_encoding
 
         _worker["encoding"] = load_gpt2_encoding()
     elif kind == "bpe":
-        from gptkit.tokenizer import BPETokenizer
+        from gptkit.data.tokenizer import BPETokenizer
 
         _worker["encoding"] = BPETokenizer.from_json(bpe_json).encoding
     elif kind == "char":

@@ -5,7 +5,7 @@
     python prepare.py fineweb_edu           # a web corpus's Parquet files (gptkit/prepare/corpora.py)
 """
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.prepare.build import DOWNLOADED_CORPORA, check_dataset_name, prepare_named_dataset
 
 

@@ -6,15 +6,16 @@ pyarrow in record batches of BATCH_ROWS rows of that one column (pre_buffer off,
 so pyarrow streams each column chunk in BUFFER_BYTES reads instead of loading a
 whole row group), so memory stays bounded whatever the file's size.
 
-A null is an empty document (skipped, as an empty .txt file is). Errors name the
-file: not Parquet, no such column, a column that is not text.
+A null is an empty document (skipped, as an empty .txt file is). A text column may be
+string, large_string, string_view or a dictionary of them (a pandas Categorical). Errors
+name the file: not Parquet, no such column, a column that is not text.
 
 For the checks and the progress bar the reader also feeds the file's raw bytes,
 in order, to `on_raw` as it goes (after each batch, up to the share of rows done),
 so the sha256 in meta.json is the file's own, as for every other input.
 """
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 BATCH_ROWS = 1024  # rows per record batch: a few MB of web text
 BUFFER_BYTES = 1 << 20
@@ -45,22 +46,34 @@ def open_parquet(path, shown, column):
             "name the text column with --text_column NAME"
         )
     kind = schema.field(column).type
-    string_view = getattr(pa.types, "is_string_view", lambda t: False)
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or string_view(kind)):
+    if not is_text(kind):
         raise UserError(f"input {shown}: column {column!r} holds {kind}, not text (a string column)")
     return pf, pf.metadata.num_rows
+
+
+def is_text(kind):
+    """A string column in any of Arrow's layouts: string, large_string, string_view, or a
+    dictionary of one of them (what pandas writes for a Categorical column)."""
+    pa, _ = _pyarrow()
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    string_view = getattr(pa.types, "is_string_view", lambda t: False)
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or string_view(kind)
 
 
 def column_texts(column, source, first_row, errors):
     """A record batch's column as Python strings. Parquet's writers check UTF-8, but a
     file can still hold bytes that are not: named by row like a text file's bad bytes."""
+    pa, _ = _pyarrow()
+    if pa.types.is_dictionary(column.type):  # each row's own string (a batch's worth: bounded)
+        column = column.dictionary_decode()
     try:
         return column.to_pylist()
     except UnicodeDecodeError:
-        pa, _ = _pyarrow()
-        texts = []
-        for row, raw in enumerate(column.view(pa.large_binary() if pa.types.is_large_string(column.type)
-                                              else pa.binary()).to_pylist(), first_row):
+        texts, as_bytes = [], pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
+        if getattr(pa.types, "is_string_view", lambda t: False)(column.type):
+            as_bytes = pa.binary_view()
+        for row, raw in enumerate(column.view(as_bytes).to_pylist(), first_row):
             try:
                 texts.append(None if raw is None else raw.decode("utf-8", errors))
             except UnicodeDecodeError as e:

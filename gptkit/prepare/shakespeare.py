@@ -2,18 +2,17 @@
 
 The copy comes from, in order: --input, $TINYSHAKESPEARE, data/NAME/input.txt
 (a verified earlier download, kept there as nanoGPT does), or a download from
-the URL nanoGPT uses, written to a temporary file and checked against its sha256
-before it is renamed into place.
+the URL nanoGPT uses (gptkit/prepare/download.py's fetch_whole: at most the file's
+1,115,394 bytes, through a temporary file), then checked against its sha256.
 """
 
 import hashlib
 import os
 import sys
-import urllib.request
 from pathlib import Path
 
-from gptkit.atomic import atomic_write
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
+from gptkit.prepare.download import fetch_whole
 
 
 # nanoGPT's data/shakespeare_char/prepare.py downloads from this URL; the sha256
@@ -35,20 +34,7 @@ def download_shakespeare(dest):
     """Download Tiny Shakespeare to `dest` through a temporary file, checking its sha256."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     hint = "pass --input PATH to a local copy (or set TINYSHAKESPEARE=PATH)"
-    with atomic_write(dest) as tmp:
-        try:
-            with urllib.request.urlopen(SHAKESPEARE_URL, timeout=60) as response, open(tmp, "wb") as f:
-                while block := response.read(1 << 16):
-                    f.write(block)
-        except (OSError, ValueError) as e:  # URLError, timeouts and refused connections are OSErrors
-            reason = getattr(e, "reason", None) or e
-            raise UserError(f"could not download Tiny Shakespeare from {SHAKESPEARE_URL} ({reason}): {hint}")
-        digest = sha256_file(tmp)
-        if digest != SHAKESPEARE_SHA256:
-            raise UserError(
-                f"the downloaded Tiny Shakespeare has sha256 {digest}, expected {SHAKESPEARE_SHA256}: {hint}"
-            )
-    return dest
+    return fetch_whole(SHAKESPEARE_URL, dest, SHAKESPEARE_BYTES, "Tiny Shakespeare", f": {hint}", SHAKESPEARE_SHA256)
 
 
 def shakespeare_input(folder, input_path):

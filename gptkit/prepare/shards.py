@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit import faults
-from gptkit.errors import UserError
-from gptkit.paths import TEMP_MARK
+from gptkit.ops import faults
+from gptkit.ops.errors import UserError
+from gptkit.ops.paths import TEMP_MARK
 from gptkit.prepare.encode import build_tasks, dtype_for, encode_task, gpt2_cut, make_pool, ordered_map, stop_pool
 from gptkit.prepare.parquet import open_parquet, parquet_texts
 from gptkit.prepare.sources import Source
-from gptkit.tokenizer import GPT2_EOT_ID
+from gptkit.data.tokenizer import GPT2_EOT_ID
 
 GPT2_VOCAB_SIZE = 50257
 STATE = "building.json"

@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.prepare.parquet import open_parquet, parquet_texts
 
 BLOCK_BYTES = 1 << 20  # read size: large enough that per-block overhead is noise

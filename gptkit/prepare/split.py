@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.prepare.encode import MAX_CODE_POINT, batched_text, charset_task, ordered_map
 from gptkit.prepare.sources import iter_documents
 

@@ -26,9 +26,10 @@ import json
 import secrets
 import time
 
-from gptkit.sampling import MIN_TEMPERATURE, PENALTY_RANGE
+from gptkit.generation.sampling import MIN_TEMPERATURE, PENALTY_RANGE
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant")
+SAME_ROLE = {"developer": "system"}  # OpenAI's newer name for the system message, taken as one
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -158,10 +159,11 @@ def check_messages(value):
             role = m.get("role") if isinstance(m, dict) else m
             raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, not {role!r}"[:300],
                            param=f"messages[{i}].role")
-        if m["role"] == "system" and i != 0:
-            raise ApiError(400, f"messages[{i}] is a system message: only the first message may be one",
+        role = SAME_ROLE.get(m["role"], m["role"])
+        if role == "system" and i != 0:
+            raise ApiError(400, f"messages[{i}] is a {m['role']} message: only the first message may be one",
                            param=f"messages[{i}].role")
-        messages.append({"role": m["role"], "content": message_text(m, i)})
+        messages.append({"role": role, "content": message_text(m, i)})
     if messages[-1]["role"] != "user":
         raise ApiError(400, "the last message must be the user's: the model writes the assistant's reply to it",
                        param="messages")
@@ -170,7 +172,7 @@ def check_messages(value):
 
 def check_common(body, model_name, max_tokens_cap, default_max_tokens, serve_cfg):
     """(Sampling, stream, include_usage, gptkit extras) of a request body; ApiError for a mistake."""
-    from gptkit.sampling import check_sampling_options
+    from gptkit.generation.sampling import check_sampling_options
 
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")

@@ -4,7 +4,7 @@ the uvicorn server that runs it until SIGINT or SIGTERM.
     GET  /                      the chat page (gptkit/serve/page.html)
     GET  /health                {"status": "ok", ...}: no key needed
     GET  /v1/models             the one model served
-    POST /v1/chat/completions   chat models only: the template of gptkit/chat.py
+    POST /v1/chat/completions   chat models only: the template of gptkit/data/chat.py
     POST /v1/completions        any model: a plain continuation of `prompt`
 
 Streams are server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
@@ -33,7 +33,8 @@ from starlette.routing import Route
 
 from gptkit.serve import api
 from gptkit.serve.api import ApiError
-from gptkit.serve.guard import LISTEN_BACKLOG, HostGuard, QuietAcceptErrors, connection_limit, timed_protocol
+from gptkit.serve.guard import (LISTEN_BACKLOG, HostGuard, QuietAcceptErrors, connection_limit, refusal,
+                                timed_protocol)
 from gptkit.serve.worker import Job, Overloaded
 
 PAGE = Path(__file__).resolve().parent / "page.html"
@@ -145,6 +146,31 @@ class Mailbox:
                 self.waking = self.waking or wake
             if wake:
                 self.wake()
+
+
+class Mailboxes:
+    """One Mailbox per event loop (a test client may run the app in several). The worker is
+    built with `around_step=mailboxes.step` (gptkit/serve/server.py), so each of its steps
+    holds back every loop's events until the step ends."""
+
+    def __init__(self):
+        self.lock, self.by_loop = threading.Lock(), {}
+
+    def of(self, loop):
+        with self.lock:
+            if loop not in self.by_loop:
+                self.by_loop[loop] = Mailbox(loop)
+            return self.by_loop[loop]
+
+    @contextlib.contextmanager
+    def step(self):
+        """Around one step of the worker, in its thread."""
+        with self.lock:
+            boxes = list(self.by_loop.values())
+        with contextlib.ExitStack() as stack:
+            for box in boxes:
+                stack.enter_context(box.step())
+            yield
 
 
 class Events:
@@ -266,15 +292,10 @@ class EventStream:
 
 
 def build_app(state):
-    """The Starlette app. `state` holds cfg, worker, tokenizer, model_name, chat (turn ids or None), block_size."""
+    """The Starlette app. `state` holds cfg, worker, tokenizer, model_name, chat (turn ids or None),
+    block_size, and the mailboxes the worker's steps are wrapped in."""
     cfg = state.cfg
-    mailboxes = {}  # one per event loop (a test client may run the app in several)
-
-    def mailbox(loop):
-        if loop not in mailboxes:
-            mailboxes[loop] = Mailbox(loop)
-            state.worker.stepping = mailboxes[loop].step
-        return mailboxes[loop]
+    mailbox = state.mailboxes.of
 
     def authorize(request):
         if not state.api_key:
@@ -319,7 +340,7 @@ def build_app(state):
             body, state.model_name, state.max_tokens, api.COMPLETIONS_DEFAULT_MAX_TOKENS, cfg)
         prompt = api.check_prompt(body)
         n, top = api.check_choices(body, "text")
-        from gptkit.errors import UserError
+        from gptkit.ops.errors import UserError
 
         try:
             ids = state.tokenizer.encode(prompt)
@@ -475,7 +496,9 @@ def run_server(app, state, sock, on_ready=None):
             if on_ready is not None and self.started:
                 on_ready(self)
 
-    protocol = timed_protocol(state.cfg.request_timeout, connection_limit())  # gptkit/serve/guard.py
+    full = refusal(api.error_body("the server has no room for another connection (its open-files limit, "
+                                  "ulimit -n): try again in a moment", "server_error", None, "too_many_connections"))
+    protocol = timed_protocol(state.cfg.request_timeout, connection_limit(), full)  # gptkit/serve/guard.py
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
                             lifespan="off", h11_max_incomplete_event_size=64 * 1024, http=protocol,
                             timeout_keep_alive=KEEP_ALIVE_S, backlog=LISTEN_BACKLOG,

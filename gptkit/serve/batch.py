@@ -12,7 +12,7 @@ positions (model.py documents the shapes and the padding mask). One `Batch.step`
        BatchKVCache of their own) and their cache rows are appended: they are in the
        batch from the next step
     4. every row picks its next token from its own logits with its own settings and
-       random generator (gptkit/sampling.py's choose_next_token, as sample.py does),
+       random generator (gptkit/generation/sampling.py's choose_next_token, as sample.py does),
        and its text grows through generate.py's TextStream (stop strings, stop tokens)
 
 A row's tokens are those generate.generate_samples gives the same request alone
@@ -26,9 +26,9 @@ import dataclasses
 
 import torch
 
-from gptkit.errors import first_line
-from gptkit.generate import TextStream, same_logits_tolerance
-from gptkit.sampling import choose_next_token
+from gptkit.ops.errors import first_line
+from gptkit.generation.generate import TextStream, same_logits_tolerance
+from gptkit.generation.sampling import choose_next_token
 from model import BatchKVCache, KVCache
 
 
@@ -94,20 +94,30 @@ class Batch:
 
     @torch.inference_mode()
     def step(self):
-        """One new token for every row; returns the rows that finished in this step."""
-        # A row whose cache is full (block_size positions) starts again from its last
-        # block_size // 2 tokens (generate_stream's shift_context): it runs as a new row does.
+        """One new token for every row; returns the rows that finished in this step. Three
+        phases, as nano-vllm's LLMEngine.step: which rows run how, the model, each row's token."""
+        self.schedule()
+        logits = self.forward()
+        return self.advance(logits)
+
+    def schedule(self):
+        """A row whose cache is full (block_size positions) starts again from its last
+        block_size // 2 tokens (generate_stream's shift_context): it runs as a new row does."""
         full = [r for r, n in zip(self.rows, self.cache.length[:, 0].tolist()) if n >= self.block]
         for row in full:
             row.context = row.tokens[-max(1, self.block // 2):]
         self.drop(set(full))
         self.waiting += full
+
+    def forward(self):
+        """The next token's logits, one (vocab_size,) tensor per row in self.rows' order after
+        the waiting rows have joined: the running rows read one token each, at each row's own
+        position; new (or shifted) rows run their prompts without the others, those of one
+        length together (no padding needed), then their cache rows join the batch."""
         logits = []
-        if self.rows:  # the running rows: one token each, at each row's own position
+        if self.rows:
             last = torch.tensor([[r.tokens[-1]] for r in self.rows], device=self.device)  # (B, 1)
             logits = list(self.model.next_token_logits(last, self.cache))  # B x (vocab_size,)
-        # New (or shifted) rows: their prompts run without the others, those of one length
-        # together (no padding needed), then their cache rows join the batch.
         by_length = {}
         for row in self.waiting:
             by_length.setdefault(len(row.context), []).append(row)
@@ -120,7 +130,11 @@ class Batch:
             for row in group:
                 row.context = None
         self.waiting = []
-        # Greedy rows without a penalty take the argmax: for all of them in one call.
+        return logits
+
+    def advance(self, logits):
+        """Each row's token, text and end; the rows that finished leave the batch and are returned.
+        Greedy rows without a penalty take the argmax: for all of them in one call."""
         greedy = [i for i, r in enumerate(self.rows)
                   if r.settings.temperature == 0 and r.settings.repetition_penalty == 1.0]
         picked = {}

@@ -11,7 +11,9 @@ one line by gptkit/serve/app.py:
   request, headers and body, or its connection is closed. Slow or silent clients then
   cannot hold the server's connections (and file descriptors) for longer than that;
   and near the file limit (connection_limit), a new connection closes the one that
-  has waited longest without a request, so a flood of them does not keep others out.
+  has waited longest without a request, so a flood of them does not keep others out;
+  where none is silent, the new one is answered 503 (refusal) and closed. A connection
+  turned away for want of room is answered, never just closed (a reset tells a client nothing).
 - QuietAcceptErrors: running out of file descriptors anyway is a warning line now and
   then, not asyncio's traceback for every accept() that failed.
 
@@ -20,11 +22,14 @@ one line by gptkit/serve/app.py:
 """
 
 import errno
+import json
 import os
 import socket
+import struct
 import sys
 
 LISTEN_BACKLOG = 128  # connections the kernel holds for us to accept (asyncio takes this many at a time)
+REFUSED_LINGER_S = 2.0  # a connection answered 503 at once is kept this long at most, for its client to read it
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARDS = ("", "0.0.0.0", "::")
 
@@ -119,25 +124,72 @@ class QuietAcceptErrors:
                   "silent ones are closed first", file=sys.stderr, flush=True)
 
 
-def timed_protocol(request_timeout, max_connections):
+def refusal(body):
+    """The bytes of an HTTP 503 whose JSON body is `body`, for a connection the server
+    has no room for: written before its request is read, then the connection closes."""
+    data = json.dumps(body).encode()
+    head = ("HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(data)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n")
+    return head.encode() + data
+
+
+def unread_bytes(transport):
+    """How many bytes the kernel holds for this connection that are not read yet (FIONREAD;
+    0 where the system cannot say)."""
+    try:
+        import fcntl
+        import termios
+
+        fd = transport.get_extra_info("socket").fileno()
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (ImportError, AttributeError, OSError, ValueError):
+        return 0
+
+
+def timed_protocol(request_timeout, max_connections, refused=b""):
     """uvicorn's h11 protocol class, closing a connection whose request is not whole
     `request_timeout` seconds after the connection opened or its last reply ended, and,
-    past `max_connections` open at once, the one that has waited longest without a request."""
+    past `max_connections` open at once, the one that has waited longest without a request;
+    where none has, the new connection is answered `refused` (refusal's bytes) and closed."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class TimedH11Protocol(H11Protocol):
         deadline = None
+        refusing = False  # answered 503 before its request: what it sends is dropped unread
 
         def connection_made(self, transport):
             super().connection_made(transport)
             self.arm()
             if max_connections is not None and len(self.connections) > max_connections:
                 # Full: a new client must not wait for silent ones to time out (nor the next
-                # accept() fail for want of a file descriptor), so the stalest silent one goes.
-                silent = [c for c in self.connections
-                          if c.conn.their_state is h11.IDLE and not c.transport.is_closing()]
-                min(silent, key=lambda c: c.since, default=self).transport.close()
+                # accept() fail for want of a file descriptor), so the stalest silent one goes,
+                # answered 503 too. Silent: no request begun, none waiting unread (in a burst,
+                # connections are all made before any is read: those are requests, not silence).
+                silent = [c for c in self.connections if c is not self and not c.refusing
+                          and c.conn.their_state is h11.IDLE and not c.transport.is_closing()
+                          and not unread_bytes(c.transport)]
+                if silent:
+                    stalest = min(silent, key=lambda c: c.since)
+                    stalest.transport.write(refused)
+                    stalest.transport.close()
+                else:
+                    self.refuse()
+
+        def refuse(self):
+            """The 503, then our half of the connection closed: the client reads it whether
+            it sends its request first or not (the request is read and dropped, so closing
+            never meets unread bytes, which would reset the connection before the answer)."""
+            self.refusing = True
+            self.transport.write(refused)
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.deadline.cancel()
+            self.deadline = self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+
+        def data_received(self, data):
+            if not self.refusing:
+                super().data_received(data)
 
         def on_response_complete(self):
             super().on_response_complete()

@@ -8,8 +8,8 @@ import socket
 import sys
 import time
 
-from gptkit.chat import chat_vocabulary
-from gptkit.errors import UserError
+from gptkit.data.chat import chat_vocabulary
+from gptkit.ops.errors import UserError
 from gptkit.serve.guard import LISTEN_BACKLOG
 
 API_KEY_VARIABLE = "GPTKIT_API_KEY"
@@ -29,6 +29,7 @@ class State:
     api_key: str | None
     created: int
     host_names: set | None  # the Host header's names served (None: any)
+    mailboxes: object  # app.Mailboxes: the worker's events, handed to each event loop after a step
 
 
 def is_loopback(host):
@@ -88,8 +89,8 @@ def batch_size_that_runs(model, device, max_batch, header):
     lengths together as it runs each alone (gptkit/serve/batch.py's batching_differs);
     else 1, the header saying why in one more line. UserError if even one row fails, or
     if the forward through a KV cache is not the forward over the whole context."""
-    from gptkit import cpu_linears
-    from gptkit.generate import cache_differs
+    from gptkit.fast import cpu_linears
+    from gptkit.generation.generate import cache_differs
     from gptkit.serve.batch import batching_differs
 
     why = cache_differs(model, note=None)
@@ -110,9 +111,9 @@ def batch_size_that_runs(model, device, max_batch, header):
 
 def serve(model, tokenizer, summary, cfg, device, model_name, sock):
     """Run the server on the listening socket `sock` (from bind) until SIGINT or SIGTERM; 0 then."""
-    from gptkit.generate import prepare_for_generating
+    from gptkit.generation.generate import prepare_for_generating
     from gptkit.serve import api
-    from gptkit.serve.app import build_app, run_server
+    from gptkit.serve.app import Mailboxes, build_app, run_server
     from gptkit.serve.guard import allowed_host_names, parse_allowed_hosts
     from gptkit.serve.worker import Worker
 
@@ -125,9 +126,11 @@ def serve(model, tokenizer, summary, cfg, device, model_name, sock):
                             cpu_decode=cfg.cpu_decode, dtype=cfg.dtype)
     path = prepare_for_generating(model, defaults, device)  # the weights' dtype, the CPU's parts
     path, max_batch = batch_size_that_runs(model, device, cfg.max_batch, path)
-    worker = Worker(model, tokenizer, device, cfg.queue_size, max_batch)
+    mailboxes = Mailboxes()
+    worker = Worker(model, tokenizer, device, cfg.queue_size, max_batch, around_step=mailboxes.step)
     host_names = allowed_host_names(cfg.host, parse_allowed_hosts(cfg.allowed_hosts))
-    state = State(cfg, worker, tokenizer, model_name, chat, block, max_tokens, key, int(time.time()), host_names)
+    state = State(cfg, worker, tokenizer, model_name, chat, block, max_tokens, key, int(time.time()), host_names,
+                  mailboxes)
     app = build_app(state)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

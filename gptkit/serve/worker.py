@@ -29,10 +29,12 @@ import traceback
 
 import torch
 
-from gptkit import chat_session, faults
-from gptkit.chat import chat_vocabulary
-from gptkit.errors import UserError, first_line
-from gptkit.generate import TextStream, end_of_text, turn_marker
+from gptkit.generation import chat_session
+
+from gptkit.ops import faults
+from gptkit.data.chat import chat_vocabulary
+from gptkit.ops.errors import UserError, first_line
+from gptkit.generation.generate import TextStream, end_of_text, turn_marker
 from gptkit.serve.batch import Batch, Row
 
 
@@ -70,8 +72,39 @@ class Job:
 CANCELLED = (503, "generation was cut: the server is shutting down or the client left", "cancelled")
 
 
+class TokenEntries:
+    """A row's log-probability entries, handed out with the text they made, so that the
+    tokens of a reply spell its text: an entry goes out once its text has (a tail held
+    back as the possible start of a stop string holds its tokens back too); where a stop
+    string cuts the reply, the tokens past the cut are dropped, and a token the cut falls
+    inside keeps the part of its text before the cut."""
+
+    def __init__(self):
+        self.waiting = collections.deque()  # (start, end, token text, logprob, top): not handed out yet
+        self.end = 0  # where the last token's text ends in the reply's text
+
+    def add(self, text_length, token, logprob, top):
+        """A token whose push made the reply's text `text_length` characters long."""
+        start, self.end = self.end, max(self.end, text_length)
+        self.waiting.append((start, self.end, token, logprob, top))
+
+    def take(self, shown, final=None):
+        """The entries whose text is within the first `shown` characters; all that are
+        left when `final` (the reply's whole text, cut at its stop string) is given."""
+        ready = []
+        # (start < shown: a token that added no text yet, half a character, waits for the rest)
+        while self.waiting and (final is not None or self.waiting[0][0] < shown and self.waiting[0][1] <= shown):
+            start, end, token, logprob, top = self.waiting.popleft()
+            if final is not None and start >= len(final):
+                continue  # all its text is past the cut: the stop string's own tokens
+            if final is not None and start + len(token) > len(final):
+                token = final[start:]  # the cut falls inside it
+            ready.append((token, logprob, top))
+        return ready
+
+
 class Worker:
-    def __init__(self, model, tokenizer, device, capacity, max_batch=16):
+    def __init__(self, model, tokenizer, device, capacity, max_batch=16, around_step=contextlib.nullcontext):
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.capacity, self.max_batch = capacity, max_batch
         self.cond = threading.Condition()
@@ -86,9 +119,9 @@ class Worker:
         self.delay = faults.token_delay()  # test-only: 0 unless GPT_FAULTS=token_delay=S
         self.plain_stops = end_of_text(tokenizer) + sorted(turns.values())
         self.thread = threading.Thread(target=self._loop, name="generation", daemon=True)
-        # Around each step: serve's app sets its Mailbox.step, so that a step's events go to
+        # Around each step: serve.py passes its Mailboxes.step, so that a step's events go to
         # the HTTP side together, after it (gptkit/serve/app.py says why).
-        self.stepping = contextlib.nullcontext
+        self.around_step = around_step
 
     def start(self):
         self.thread.start()
@@ -156,7 +189,7 @@ class Worker:
             for job in [j for j in self.running if j.cancelled.is_set()]:
                 self._finish(job, "error", CANCELLED)
             if len(self.batch):
-                with self.stepping():
+                with self.around_step():
                     self._step()
                 if self.delay:
                     time.sleep(self.delay)
@@ -207,12 +240,16 @@ class Worker:
             self._row_done(job.rows[0])
 
     def _on_token(self, job, index):
+        waiting = TokenEntries()
+
         def on_token(row, token, logprobs):
-            entries = None
-            if logprobs is not None and token not in row.stream.stop_tokens:
-                logprob, top = logprobs
-                entries = [(self._text(token), logprob, [(self._text(t), p) for t, p in top])]
-            text = row.stream.take_new()
+            text, entries = row.stream.take_new(), None
+            if logprobs is not None:
+                if token not in row.stream.stop_tokens:
+                    logprob, top = logprobs
+                    waiting.add(len(row.stream.text), self._text(token), logprob,
+                                [(self._text(t), p) for t, p in top])
+                entries = waiting.take(row.stream.shown, row.stream.text if row.finished else None)
             if text or entries:
                 job.emit("text", {"index": index, "text": text, "logprobs": entries})
         return on_token

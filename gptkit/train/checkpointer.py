@@ -11,18 +11,18 @@ wrapper's, so no prefixes), the optimizers and GradScaler, every rank's RNG
 states, the loop's RunState as top-level keys, and `info`: the model config,
 tokenizer, settings, dataset fingerprint and provenance. A LoRA run's holds only
 its adapters as the model, plus `lora`: its settings, where its base is and the
-base's fingerprint (gptkit/lora.py; loaded again by gptkit/loading.py), in one
+base's fingerprint (gptkit/models/lora.py; loaded again by gptkit/models/loading.py), in one
 file even under FSDP. Writing is atomic
-(gptkit/checkpoint.py); nothing non-finite is ever written.
+(gptkit/ops/checkpoint.py); nothing non-finite is ever written.
 """
 
 import dataclasses
 
 import torch
 
-from gptkit import lora
-from gptkit.checkpoint import save_checkpoint
-from gptkit.errors import PeerFailed, RunFailed
+from gptkit.models import lora
+from gptkit.ops.checkpoint import save_checkpoint
+from gptkit.ops.errors import PeerFailed, RunFailed
 from gptkit.train import distributed
 from gptkit.run_state import provenance, rng_state
 

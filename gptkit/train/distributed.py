@@ -27,8 +27,8 @@ import signal
 import torch
 import torch.distributed
 
-from gptkit import faults
-from gptkit.errors import PeerFailed, UserError, first_line, same_on_every_rank
+from gptkit.ops import faults
+from gptkit.ops.errors import PeerFailed, UserError, first_line, same_on_every_rank
 
 
 @dataclasses.dataclass

@@ -29,8 +29,8 @@ import functools
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from gptkit.errors import UserError
-from gptkit.params import blocks
+from gptkit.ops.errors import UserError
+from gptkit.models.shapes import blocks
 
 
 def check_settings(parallel, enabled, ptdtype):

@@ -29,11 +29,12 @@ from urllib.parse import urlparse
 
 import torch
 
-from gptkit.checkpoint import write_text_atomic
-from gptkit.errors import RunFailed, UserError, first_line
+from gptkit.ops.checkpoint import write_text_atomic
+from gptkit.ops.errors import RunFailed, UserError, first_line
 
 
 ETA_WINDOW = 100  # steps whose mean duration paces the ETA
+PACE_STEPS = 10  # steps after the first that pace the check of a time budget against the warmup
 
 
 def format_duration(seconds):
@@ -148,8 +149,11 @@ def mfu_meter(model_cfg, world_size, device, is_main, dtype=torch.float32):
     return mfu
 
 
-def print_done(state, out_dir, start_time):
-    """The run's last line: what it did, where its checkpoints are, how long it took."""
+def print_done(state, out_dir, start_time, note=None):
+    """The run's last line: what it did, where its checkpoints are, how long it took;
+    after a `note` (a budget that ended inside the warmup: optim.Schedule.end_note)."""
+    if note is not None:
+        print(f"note: {note}")
     elapsed = format_duration(time.monotonic() - start_time)
     print(f"done: {state.iter_num} iterations, best val loss {state.best_val_loss:.4f}, "
           f"checkpoints in {out_dir} ({elapsed} in all)")
@@ -174,6 +178,7 @@ class Logger:
         self.total_iters = None if cfg.time_budget else cfg.max_iters  # a budget's steps are not known
         self.step_seconds = collections.deque(maxlen=ETA_WINDOW)  # the latest steps' durations, for the ETA
         self.steps_timed = 0
+        self.pace_from = None  # (steps, budget seconds) after the process's first step
         self.tty = sys.stdout.isatty()
         if not enabled:
             return
@@ -251,7 +256,7 @@ class Logger:
         self.advance(dt)
 
     def eval(self, scores, lr):
-        """An evaluation's losses ({split: gptkit.scoring.Score}) at state.iter_num."""
+        """An evaluation's losses ({split: gptkit.evals.scoring.Score}) at state.iter_num."""
         bpb = {f"{s}_bpb": scores[s].bpb for s in ("val", "train")} if self.has_bpb(scores) else {}
         self.record({"kind": "eval", "iter": self.state.iter_num, "train_loss": scores["train"].loss,
                      "val_loss": scores["val"].loss, **bpb, "lr": lr, **self._clocks()})
@@ -271,6 +276,19 @@ class Logger:
         self.step_seconds.append(seconds)
         if self.bar is not None:
             self.bar.update(1)
+        self.check_budget_pace()
+
+    def check_budget_pace(self):
+        """Once, PACE_STEPS steps after the process's first (which compiles and warms up):
+        a note when the time budget will end the run inside its warmup (optim.Schedule)."""
+        steps, spent = self.state.iter_num + 1, self.schedule.spent_s(self.state)  # this step counted
+        if self.steps_timed == 1:
+            self.pace_from = (steps, spent)
+        elif self.steps_timed == 1 + PACE_STEPS:
+            pace = (spent - self.pace_from[1]) / (steps - self.pace_from[0])
+            note = self.schedule.budget_warmup_note(steps, spent, pace)
+            if note is not None:
+                self.record({"kind": "note", "iter": self.state.iter_num, "note": note})  # as the step's record
 
     @property
     def seconds_per_iter(self):

@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from gptkit.atomic import atomic_write
-from gptkit.device import cpu_computes_bf16
-from gptkit.errors import RunFailed
-from gptkit.params import meta_model
-from gptkit.paths import cache_dir
+from gptkit.ops.atomic import atomic_write
+from gptkit.ops.device import cpu_computes_bf16
+from gptkit.ops.errors import RunFailed
+from gptkit.models.shapes import meta_model
+from gptkit.ops.paths import cache_dir
 from model import GPTConfig
 
 

@@ -23,8 +23,8 @@ matrix: `orthogonalize_whole` gathers the matrix first (one all-gather each).
 
 import torch
 
-from gptkit.device import matmul_dtype
-from gptkit.params import blocks
+from gptkit.ops.device import matmul_dtype
+from gptkit.models.shapes import blocks
 
 # Coefficients of the quintic p(x) = a·x + b·x³ + c·x⁵ applied to the singular
 # values, from Keller Jordan's Muon (zeropower_via_newtonschulz5). They are
@@ -47,7 +47,7 @@ def orthogonalize(G, steps=5):
     singular G grow less). Runs in bfloat16 on GPUs that compute it natively, as
     the reference does, in float16 on older GPUs (V100, T4), which only emulate
     bfloat16, and in float32 on CPUs, where bfloat16 matrix products are slow
-    (gptkit.device.matmul_dtype).
+    (gptkit.ops.device.matmul_dtype).
     """
     assert G.ndim == 2, f"orthogonalize expects a matrix, got shape {tuple(G.shape)}"
     a, b, c = NS_COEFFICIENTS
@@ -193,7 +193,7 @@ def split_params_for_muon(model):
     """([(name, p)] for Muon, [(name, p)] for AdamW) covering every trainable parameter.
 
     Muon gets each 2-D parameter inside the Transformer blocks (model.py's
-    transformer.h, found by what it is: gptkit/params.py's blocks): attention and MLP
+    transformer.h, found by what it is: gptkit/models/params.py's blocks): attention and MLP
     matrices. AdamW gets the rest: token/position embeddings, the output head, norm
     gains and biases; the Muon post explains that embeddings and the head are not
     hidden-layer matrices and do better with AdamW. `named_parameters()` lists a tied

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 
 
 def lr_scale(step, cfg, progress=None):
@@ -102,6 +102,37 @@ class Schedule:
 
     def lr_scale(self, state):
         return lr_scale(state.iter_num, self.cfg, self.progress(state))
+
+    def inside_warmup(self, steps):
+        """Whether a time budget spent after `steps` steps ends the run inside its warmup,
+        so that the learning rate never decays: the warmup counts steps, and only after it
+        does the decay follow the clock. (A warmup as long as max_iters is
+        schedule_warnings' case.)"""
+        cfg = self.cfg
+        return bool(cfg.time_budget and cfg.decay_lr and cfg.lr_schedule != "constant"
+                    and steps < cfg.warmup_iters < cfg.max_iters)
+
+    def budget_warmup_note(self, steps, spent_s, budget_s_per_step):
+        """Early, once the pace is known (`budget_s_per_step`: seconds of the budget's clock
+        a step, after `steps` steps and `spent_s` seconds): one line when the steps the budget
+        allows are fewer than warmup_iters; None otherwise."""
+        if not self.inside_warmup(steps) or budget_s_per_step <= 0:
+            return None
+        allowed = steps + int(max(0.0, self.cfg.time_budget - spent_s) / budget_s_per_step)
+        if allowed >= self.cfg.warmup_iters:
+            return None
+        return (f"time_budget={self.cfg.time_budget:g} allows about {allowed:,} steps at this pace, fewer than "
+                f"warmup_iters={self.cfg.warmup_iters}: the run will end inside its warmup, its learning rate never "
+                f"decayed; give --warmup_iters={max(1, allowed // 10)} or a longer budget")
+
+    def end_note(self, state):
+        """At the end: one line when the budget ended the run inside its warmup; None otherwise."""
+        if not (self.inside_warmup(state.iter_num) and self.progress(state) == 1.0):
+            return None
+        return (f"the time budget ended the run at step {state.iter_num:,}, inside warmup_iters="
+                f"{self.cfg.warmup_iters}: the learning rate never decayed (it reached "
+                f"{lr_scale(state.iter_num - 1, self.cfg):.0%} of learning_rate); give --warmup_iters="
+                f"{max(1, state.iter_num // 10)} or a longer budget")
 
     def eta_s(self, state, seconds_per_iter):
         """Seconds left after step state.iter_num: seconds_per_iter for each step left, or

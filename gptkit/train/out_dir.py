@@ -8,7 +8,8 @@ before anything else and releases it last):
 init_from=auto (for jobs that torchrun --max-restarts restarts, docs/distributed.md):
 resume when the out_dir holds a checkpoint of this run (the same model, dataset and
 data, by its fingerprint, optimizer and LoRA settings), start from scratch when it
-holds none, and refuse another run's folder as init_from=scratch does. The lock goes with the process that
+holds none, and refuse another run's folder as init_from=scratch does, and a folder
+with nothing to resume (best.pt alone: weights, no optimizer). The lock goes with the process that
 held it, kill -9 included, so a restarted job takes its own out_dir again, while a
 second job beside a live one is still refused.
 
@@ -23,18 +24,19 @@ from pathlib import Path
 
 import torch
 
-from gptkit import dataset
-from gptkit.errors import UserError
-from gptkit.lock import LOCK_NAME, FolderLock, remove_stale_temps
-from gptkit.paths import claim_output
+from gptkit.data import dataset
+from gptkit.ops.errors import UserError
+from gptkit.ops.lock import LOCK_NAME, FolderLock, remove_stale_temps
+from gptkit.ops.paths import claim_output
 from gptkit.train import distributed
-from gptkit import sharded  # the sharded checkpoint's names (not torch's DCP: light)
+from gptkit.ops import sharded  # the sharded checkpoint's names (not torch's DCP: light)
 
 # What makes a checkpoint "this run's" for init_from=auto: the model's settings (not its
 # dropout, nor the vocabulary, which the dataset sets and resume checks, nor the attention
 # kernel, the same function computed another way), and these.
 RUN_IDENTITY = ("dataset", "optimizer", "lora_rank", "lora_targets")
 NOT_IDENTITY = ("dropout", "vocab_size", "attention")
+CHECKPOINTS = ("ckpt.pt", "best.pt", sharded.FOLDER, sharded.OLD)  # what a run saves, in the out_dir
 DATA_FINGERPRINT = "data fingerprint"  # and the data itself: the dataset's fingerprint (meta.json)
 
 
@@ -100,13 +102,22 @@ def identity_differences(saved, model_cfg, cfg):
 def resolve_auto(out_dir, model_cfg, cfg):
     """init_from=auto as "resume" or "scratch" for out_dir (see the module's docstring)."""
     saved = latest_settings(out_dir)
+    kept = held_checkpoints(out_dir) if saved is None else []  # best.pt alone, or an unfinished ckpt/
+    if kept and not cfg.overwrite:
+        start = (f"start a new run from its best weights with --init_from={Path(out_dir) / 'best.pt'} --out_dir=OTHER"
+                 if "best.pt" in kept else "start a new run with --out_dir=OTHER")
+        raise UserError(
+            f"out_dir {out_dir} holds {' and '.join(kept)} but nothing to resume (ckpt.pt, or a complete sharded "
+            f"ckpt/; best.pt keeps the weights only, not the optimizer): {start}, or replace it with --overwrite=true"
+        )
     if saved is None:
         if cfg.lora_rank > 0:
             raise UserError(
                 f"init_from=auto found no checkpoint in {out_dir} to resume, and lora_rank > 0 adapts a trained "
                 "model: start the run with --init_from=gpt2 (or a folder or checkpoint file), then restart it with auto"
             )
-        print(f"init_from=auto: no checkpoint in {out_dir}, starting from scratch")
+        replacing = f" (replacing {' and '.join(kept)}: --overwrite)" if kept else ""
+        print(f"init_from=auto: no checkpoint in {out_dir}, starting from scratch{replacing}")
         return "scratch"
     differences = identity_differences(saved, model_cfg, cfg)
     if not differences:
@@ -119,6 +130,11 @@ def resolve_auto(out_dir, model_cfg, cfg):
         "run; continue that one with --init_from=resume, start a new one with --out_dir=OTHER, or replace it "
         "with --overwrite=true"
     )
+
+
+def held_checkpoints(out_dir):
+    """The names of the checkpoint files and folders in out_dir (a run's, complete or not)."""
+    return [name for name in CHECKPOINTS if (Path(out_dir) / name).exists()]
 
 
 class OutDir:
@@ -156,7 +172,7 @@ class OutDir:
             raise
 
     def _make_room(self, overwrite):
-        held = [name for name in ("ckpt.pt", "best.pt", sharded.FOLDER, sharded.OLD) if (self.path / name).exists()]
+        held = held_checkpoints(self.path)
         if held and not overwrite:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime((self.path / held[0]).stat().st_mtime))
             raise UserError(
@@ -172,7 +188,7 @@ class OutDir:
         """Let go of the out_dir. A run that failed before saving any checkpoint takes
         its config.json and metrics.jsonl with it, and the folder if it made it."""
         try:
-            if not ok and not any((self.path / name).exists() for name in ("ckpt.pt", "best.pt", sharded.FOLDER, sharded.OLD)):
+            if not ok and not held_checkpoints(self.path):
                 for name in self.RUN_FILES:
                     (self.path / name).unlink(missing_ok=True)
         finally:

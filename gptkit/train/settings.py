@@ -12,10 +12,10 @@ train.py's TrainConfig calls `check` from its __post_init__; `check_world_size` 
 import dataclasses
 import math
 
-from gptkit import lora
+from gptkit.models import lora
 from gptkit.config import choice_problems
-from gptkit.device import DTYPES
-from gptkit.errors import UserError
+from gptkit.ops.device import DTYPES
+from gptkit.ops.errors import UserError
 from gptkit.train.distributed import same_global_batch
 
 MAX_SEED = 2**32 - 1 - 4096  # numpy seeds stop at 2**32 - 1, and each rank adds its rank

@@ -20,22 +20,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptkit import dataset
-from gptkit import faults
-from gptkit import fused
-from gptkit import lora
-from gptkit import scoring
-from gptkit.checkpoint import load_checkpoint, non_finite_tensors
+from gptkit.data import dataset
+from gptkit.ops import faults
+from gptkit.fast import fused
+from gptkit.models import lora
+from gptkit.evals import scoring
+from gptkit.ops.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.config import settings_dict
-from gptkit.device import enable_tf32, keep_freed_memory, resolve_device, training_dtype
-from gptkit.errors import UserError
+from gptkit.ops.device import enable_tf32, keep_freed_memory, resolve_device, training_dtype
+from gptkit.ops.errors import UserError
 from gptkit.interop.hf_gpt2 import HUB_NAMES
-from gptkit.loading import adapted_model, checkpoint_of, load_base
-from gptkit.tokenizer import tokenizer_from_dict
+from gptkit.models.loading import adapted_model, checkpoint_of, load_base
+from gptkit.data.tokenizer import tokenizer_from_dict
 from gptkit.train import distributed
 from gptkit.train import fsdp
 from gptkit.train import optim
-from gptkit import sharded  # finding and reading; loading into a run: gptkit/train/sharded.py
+from gptkit.ops import sharded  # finding and reading; loading into a run: gptkit/train/sharded.py
 from gptkit.run_state import RunState, check_loop_state, set_rng_state
 from model import GPT, GPTConfig
 
@@ -142,7 +142,7 @@ def wrap(raw_model, cfg, dist, dev, iteration):
     """The module the training step's forward runs (train.py's Forward compiles it):
     DDP around the raw model when there are several ranks, else the raw model (FSDP
     has sharded it in place already). `iteration()` is the loop's iteration, for the
-    test-only faults (gptkit/faults.py)."""
+    test-only faults (gptkit/ops/faults.py)."""
     faults.install(raw_model, iteration)
     module = raw_model
     if dist.enabled and cfg.parallel == "ddp":

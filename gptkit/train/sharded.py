@@ -3,7 +3,7 @@
     torchrun --standalone --nproc_per_node=2 train.py configs/shakespeare.py --parallel=fsdp
     # writes out_dir/ckpt/ (every rank its own shard) and out_dir/best.pt (weights, one file)
 
-The format, its atomic layout and the checks every load makes are gptkit/sharded.py's
+The format, its atomic layout and the checks every load makes are gptkit/ops/sharded.py's
 (the reader that sampling and evaluation share); this file is training's side:
 `save` (every rank writes its shard, rank 0 run.json last, then the renames),
 `load_into` (weights and optimizer states, resharded to this run), the conversions
@@ -30,12 +30,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from gptkit import faults
-from gptkit.atomic import fsync_dir, publish
-from gptkit.checkpoint import non_finite_tensors, save_checkpoint
-from gptkit.errors import PeerFailed, RunFailed, UserError
+from gptkit.ops import faults
+from gptkit.ops.atomic import fsync_dir, publish
+from gptkit.ops.checkpoint import non_finite_tensors, save_checkpoint
+from gptkit.ops.errors import PeerFailed, RunFailed, UserError
 from gptkit.run_state import RunState, rng_state, rng_to_json
-from gptkit.sharded import (  # noqa: F401  (find, is_complete, open_checkpoint: training's readers too)
+from gptkit.ops.sharded import (  # noqa: F401  (find, is_complete, open_checkpoint: training's readers too)
     FOLDER, FORMAT_VERSION, METADATA_FILE, OLD, RUN_FILE, TEMP, _causes, _describe, file_record, find,
     is_complete, load_state, open_checkpoint, read_run,
 )

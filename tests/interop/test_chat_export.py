@@ -6,8 +6,8 @@ import pytest
 from train_helpers import perturbed_model, write_run
 
 import convert
-from gptkit.chat import CHAT_TEMPLATE, encode_conversation, prompt_ids, turn_ids
-from gptkit.tokenizer import CharTokenizer, GPT2Tokenizer
+from gptkit.data.chat import CHAT_TEMPLATE, encode_conversation, prompt_ids, turn_ids
+from gptkit.data.tokenizer import CharTokenizer, GPT2Tokenizer
 from model import GPTConfig
 
 transformers = pytest.importorskip("transformers")

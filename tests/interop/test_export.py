@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import convert
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.interop import hf_gpt2, hf_tokenizer
-from gptkit.tokenizer import CharTokenizer
+from gptkit.data.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
 from repo import REPO
 from train_helpers import perturbed_model, write_run
@@ -130,6 +130,24 @@ def test_architectures_that_map_nowhere_are_named_and_nothing_is_written(tmp_pat
     message = str(info.value)
     assert "qk_norm=True" in message and "logit_softcap=30.0" in message and "LLaMA" in message
     assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf*"))
+    assert "Models that export: " in message and "configs/shakespeare_llama.py" in message
+
+
+def test_the_configs_the_refusal_points_to_do_export():
+    """Every config the refusal names builds a model that maps onto an architecture we export."""
+    import dataclasses
+    import re
+    import runpy
+
+    from gptkit.interop.export import EXPORTING_CONFIGS, hf_architecture
+
+    named = re.findall(r"configs/\w+\.py", EXPORTING_CONFIGS)
+    assert len(named) == 2
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    for path in named:
+        settings = {k: v for k, v in runpy.run_path(str(REPO / path)).items() if k in fields}
+        settings.setdefault("vocab_size", 65)
+        assert hf_architecture(GPTConfig(**settings)) in ("gpt2", "llama"), path
 
 
 def test_unknown_tokenizer_type_is_a_clear_error(tmp_path):

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import convert
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.interop.gguf_export import rotary_to_neighbour_pairs
 from gptkit.interop.hf_tokenizer import byte_symbols
-from gptkit.tokenizer import CharTokenizer, GPT2Tokenizer
+from gptkit.data.tokenizer import CharTokenizer, GPT2Tokenizer
 from model import GPT, GPTConfig, apply_rope, rope_angles
 from repo import REPO
 from train_helpers import perturbed_model, write_run
@@ -231,7 +231,7 @@ def test_which_shipped_configs_export():
 
 
 def run_convert(*argv, preamble=""):
-    code = textwrap.dedent(preamble) + f"\nimport sys, convert\nfrom gptkit.errors import run_main\nsys.argv = ['convert.py', *{list(argv)!r}]\nrun_main(convert.main)\n"
+    code = textwrap.dedent(preamble) + f"\nimport sys, convert\nfrom gptkit.ops.errors import run_main\nsys.argv = ['convert.py', *{list(argv)!r}]\nrun_main(convert.main)\n"
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
 
 
@@ -496,7 +496,7 @@ def test_two_conversions_to_one_new_name_publish_one_file_and_the_other_fails(tm
     models = {seed: perturbed_model(llama_shape(n_embd=128, n_layer=4), seed=seed) for seed in (1, 2)}
     runs = {seed: write_run(tmp_path / f"run{seed}", model, CharTokenizer(CHARS).to_dict()) for seed, model in models.items()}
     dest = tmp_path / "m.gguf"
-    code = "import sys, convert\nfrom gptkit.errors import run_main\nsys.argv = ['convert.py', *sys.argv[1:]]\nrun_main(convert.main)\n"
+    code = "import sys, convert\nfrom gptkit.ops.errors import run_main\nsys.argv = ['convert.py', *sys.argv[1:]]\nrun_main(convert.main)\n"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(run), str(dest), "--to", "gguf", "--outtype", "f32"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for run in runs.values()]
     results = [(p.wait(), *p.communicate()) for p in procs]

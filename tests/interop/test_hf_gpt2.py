@@ -4,13 +4,11 @@ A small randomly initialised GPT2LMHeadModel is saved in tmp_path: nothing is do
 """
 
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 import torch
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.interop import hf_gpt2
 from model import GPT, GPTConfig
 
@@ -85,14 +83,14 @@ def test_export_refuses_non_gpt2_shapes(tmp_path):
 
 
 def test_offline_hub_name_says_to_pass_a_local_folder(tmp_path, monkeypatch):
-    def no_network(url, data=None, timeout=None):  # the network itself: download_file runs as it is
-        raise urllib.error.URLError("no route to host")
-
-    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    # Nothing listens on the discard port: the download runs as it is, and fails as offline.
+    monkeypatch.setattr(hf_gpt2, "HUB_URL", "http://127.0.0.1:9/openai-community/{name}/resolve/main/{file}")
     with pytest.raises(UserError) as info:
         hf_gpt2.load_gpt2("gpt2", cache_dir=tmp_path)
     message = str(info.value)
-    assert "gpt2" in message and "local folder" in message and "config.json" in message
+    assert message.startswith("could not download gpt2 from http://127.0.0.1:9/openai-community/gpt2/")
+    assert "local folder" in message and "config.json" in message and "\n" not in message
+    assert not any((tmp_path / "gpt2").iterdir())  # nothing half-written
 
 
 def test_unknown_name_and_broken_folders(tmp_path):

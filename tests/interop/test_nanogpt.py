@@ -9,8 +9,8 @@ from malicious import RunsCode
 import torch
 import torch.nn.functional as F
 
-from gptkit import loading
-from gptkit.errors import UserError
+from gptkit.models import loading
+from gptkit.ops.errors import UserError
 from gptkit.interop import nanogpt as nanogpt_compat
 import sample
 

@@ -18,8 +18,8 @@ from serve_helpers import Server, get, post, write_checkpoint
 from train_helpers import perturbed_model, write_run
 
 import convert
-from gptkit.chat import CHAT_TEMPLATE, prompt_ids
-from gptkit.tokenizer import CharTokenizer
+from gptkit.data.chat import CHAT_TEMPLATE, prompt_ids
+from gptkit.data.tokenizer import CharTokenizer
 from model import GPTConfig
 
 llama_cpp = pytest.importorskip("llama_cpp")

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptkit.dataset import load_meta
-from gptkit.errors import UserError
+from gptkit.data.dataset import load_meta
+from gptkit.ops.errors import UserError
 from gptkit.prepare import build
 from gptkit.prepare.bpe import train_bpe
-from gptkit.tokenizer import BPETokenizer, tokenizer_from_dict
+from gptkit.data.tokenizer import BPETokenizer, tokenizer_from_dict
 import prepare
 
 
@@ -312,7 +312,7 @@ def test_sample_decodes_after_the_dataset_folder_is_deleted(shakespeare_path, tm
     import train
     from train_helpers import tiny_args
 
-    from gptkit.checkpoint import load_checkpoint
+    from gptkit.ops.checkpoint import load_checkpoint
 
     text = tmp_path / "sh.txt"
     text.write_text(shakespeare_path.read_text()[:100_000])

@@ -1,4 +1,4 @@
-"""Chat jsonl as users' files come (gptkit/chat.py's reader): a byte order mark, line
+"""Chat jsonl as users' files come (gptkit/data/chat.py's reader): a byte order mark, line
 separators inside messages, Windows line ends, invalid UTF-8, hostile JSON, lone
 surrogates, pipes and standard input, .json files in a folder. Every line either enters
 a dataset train.py accepts or is refused in one file:line line."""
@@ -12,10 +12,10 @@ import pytest
 from repo import REPO
 
 import prepare
-from gptkit.chat import parse_line, read_messages
-from gptkit.dataset import load_meta
-from gptkit.errors import UserError
-from gptkit.tokenizer import check_description, tokenizer_from_dict
+from gptkit.data.chat import parse_line, read_messages
+from gptkit.data.dataset import load_meta
+from gptkit.ops.errors import UserError
+from gptkit.data.tokenizer import check_description, tokenizer_from_dict
 
 
 def conversation(i, reply="it is"):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from repo import REPO
 
-from gptkit.chat import encode_conversation, turn_ids
-from gptkit.dataset import load_meta
-from gptkit.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_dict
+from gptkit.data.chat import encode_conversation, turn_ids
+from gptkit.data.dataset import load_meta
+from gptkit.data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_dict
 
 
 def conversation(i):

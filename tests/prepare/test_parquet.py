@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import prepare
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.prepare import parquet as prepare_parquet
 from gptkit.prepare.sources import iter_documents, resolve_inputs
 from hub_server import random_texts
@@ -139,6 +139,45 @@ def test_a_failure_after_the_start_leaves_the_previous_dataset(tmp_path, monkeyp
         prep(data, "p", "--input", str(path), "--tokenizer", "char")
     assert [(data / "p" / f"{s}.bin").read_bytes() for s in ("train", "val")] == before
     assert sorted(p.name for p in (data / "p").iterdir()) == [".lock", "meta.json", "train.bin", "val.bin"]
+
+
+TEXT_LAYOUTS = {  # Arrow's ways of holding a string column, as Parquet writers leave them
+    "string": lambda texts: pa.array(texts, pa.string()),
+    "large_string": lambda texts: pa.array(texts, pa.large_string()),
+    "string_view": lambda texts: pa.array(texts, pa.string_view()),
+    "dictionary": lambda texts: pa.array(texts, pa.string()).dictionary_encode(),  # a pandas Categorical
+    "dictionary_int32_large": lambda texts: pa.DictionaryArray.from_arrays(
+        pa.array([i if t is not None else None for i, t in enumerate(texts)], pa.int32()),
+        pa.array([t or "" for t in texts], pa.large_string())),
+}
+
+
+@pytest.mark.parametrize("layout", list(TEXT_LAYOUTS))
+def test_every_text_layout_reads_as_text(tmp_path, layout):
+    texts = random_texts(60, seed=6)
+    texts[5], texts[9] = None, texts[3]  # a null, and a repeated text (what a dictionary shares)
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"text": TEXT_LAYOUTS[layout](texts)}), path, row_group_size=16)
+    write_jsonl(tmp_path / "x.jsonl", texts)
+    kind = pq.ParquetFile(path).schema_arrow.field("text").type
+    assert (layout.startswith("dictionary")) == pa.types.is_dictionary(kind), kind  # read back as written
+    _, got = prep(tmp_path / "d", "p", "--input", str(path), "--tokenizer", "char")
+    _, want = prep(tmp_path / "d", "j", "--input", str(tmp_path / "x.jsonl"), "--tokenizer", "char")
+    assert got == want and all(got)
+    read = ["".join(doc) for doc in iter_documents(resolve_inputs([str(path)]))]  # eval.py --input's reader
+    assert read == [t for t in texts if t]
+
+
+def test_a_bad_dictionary_is_one_line_naming_the_file(tmp_path):
+    values = pa.array([b"fine text", b"bad \xff here"], pa.binary()).view(pa.string())
+    bad = pa.DictionaryArray.from_arrays(pa.array([0, 0, 1], pa.int8()), values)
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"text": bad}), path)
+    # pyarrow checks a dictionary's UTF-8 as it reads it (a plain column is checked row by row, above)
+    assert_refused(tmp_path, ["--input", str(path)], f"input {path} could not be read .*UTF8|{path}, row 3: not valid")
+    numbers = tmp_path / "numbers.parquet"  # a dictionary of numbers is still not text
+    pq.write_table(pa.table({"text": pa.array([1, 2, 1]).dictionary_encode()}), numbers)
+    assert_refused(tmp_path, ["--input", str(numbers)], "column 'text' holds .*int64.*not text")
 
 
 def test_eval_reads_parquet_documents(corpus):

@@ -1,24 +1,27 @@
 """prepare.py: exact Tiny Shakespeare counts, round trips, every input kind, every
 user error (message + nothing written), and interruption safety."""
 
+import functools
+import http.server
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.prepare import build
 from gptkit.prepare import shakespeare as prepare_shakespeare
 from gptkit.prepare import sources as prepare_sources
 from gptkit.prepare.encode import build_tasks, gpt2_cut
-from gptkit.tokenizer import tokenizer_from_dict
+from gptkit.data.tokenizer import tokenizer_from_dict
 import prepare
 from repo import REPO, reset_sigint
 
@@ -306,22 +309,44 @@ def test_unknown_tokenizer_and_dataset(tmp_path):
         build.prepare_named_dataset("wikitext", tmp_path)
 
 
-def test_failed_download_and_checksum_mismatch(tmp_path, monkeypatch):
+@pytest.fixture
+def served(tmp_path):
+    """(a folder, the http://127.0.0.1 address that serves it): where a test's "download" comes from."""
+    folder = tmp_path / "served"
+    folder.mkdir()
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield folder, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+NOTHING_LISTENS = "http://127.0.0.1:9/input.txt"  # the discard port: a refused connection
+
+
+def test_failed_download_and_checksum_mismatch(tmp_path, monkeypatch, served):
     monkeypatch.delenv("TINYSHAKESPEARE", raising=False)
-    monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_URL", (tmp_path / "missing.txt").as_uri())
-    assert_fails(tmp_path, ["shakespeare_char"], "could not download Tiny Shakespeare .* pass --input PATH")
-    wrong = tmp_path / "wrong.txt"
-    wrong.write_text("not shakespeare\n" * 100)
-    monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_URL", wrong.as_uri())
+    folder, url = served
+    monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_URL", f"{url}/missing.txt")
+    assert_fails(tmp_path, ["shakespeare_char"], "could not download Tiny Shakespeare .*404.* pass --input PATH")
+    (folder / "wrong.txt").write_text("not shakespeare\n" * 100)
+    monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_URL", f"{url}/wrong.txt")
     assert_fails(tmp_path, ["shakespeare_char"], "has sha256 [0-9a-f]{64}, expected 86c4e6aa.*pass --input PATH")
 
 
-def test_download_is_checked_and_cached(shakespeare_path, tmp_path, monkeypatch):
+def test_download_is_checked_and_cached(shakespeare_path, tmp_path, monkeypatch, served):
     monkeypatch.delenv("TINYSHAKESPEARE", raising=False)
-    monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_URL", shakespeare_path.as_uri())  # a local "download"
+    folder, url = served
+    (folder / "input.txt").write_bytes(shakespeare_path.read_bytes())
+    monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_URL", f"{url}/input.txt")
     prepare.main(["shakespeare_char", "--out_dir", str(tmp_path), "--quiet"])
     assert (tmp_path / "shakespeare_char" / "input.txt").read_bytes() == shakespeare_path.read_bytes()
-    monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_URL", (tmp_path / "gone").as_uri())
+    monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_URL", NOTHING_LISTENS)
     prepare.main(["shakespeare_char", "--out_dir", str(tmp_path), "--quiet"])  # the cached copy: no download
     assert load(tmp_path / "shakespeare_char")[0]["num_tokens"]["val"] == 111540
 
@@ -460,7 +485,7 @@ def test_peak_memory_does_not_grow_with_input(tmp_path):
 
 
 def test_one_prepare_at_a_time_per_dataset_folder(tmp_path):
-    from gptkit.lock import FolderLock
+    from gptkit.ops.lock import FolderLock
 
     path = tmp_path / "a.txt"
     path.write_text("some text to prepare\n" * 20)
@@ -493,7 +518,7 @@ def test_the_real_tinyshakespeare_gives_no_warning(shakespeare_path, tmp_path, m
 
 def test_failed_download_leaves_no_empty_folders(tmp_path, monkeypatch):
     monkeypatch.delenv("TINYSHAKESPEARE", raising=False)
-    monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_URL", (tmp_path / "missing.txt").as_uri())
+    monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_URL", NOTHING_LISTENS)
     with pytest.raises(UserError, match="could not download"):
         prepare.main(["shakespeare_char", "--data_dir", str(tmp_path / "new" / "data"), "--quiet"])
     assert not (tmp_path / "new").exists()

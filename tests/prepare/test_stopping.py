@@ -9,10 +9,10 @@ import sys
 
 import numpy as np
 
-from gptkit.dataset import load_meta
+from gptkit.data.dataset import load_meta
 from gptkit.prepare import build
 from gptkit.prepare.chat import prepare_chat
-from gptkit.tokenizer import tokenizer_from_dict
+from gptkit.data.tokenizer import tokenizer_from_dict
 from repo import REPO
 
 PREPARE = "from gptkit.prepare import build; build.prepare_dataset([%r], 'char', 'd', %r, workers=1, progress=False, chunk_chars=4096)"

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.prepare import build
 from gptkit.prepare.encode import encode_task, make_pool, ordered_map
 from repo import REPO

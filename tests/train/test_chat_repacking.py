@@ -15,9 +15,9 @@ import torch
 
 import eval as eval_script
 import train
-from gptkit import chat_batches
-from gptkit.chat_batches import ChatBatches
-from gptkit.dataset import load_meta
+from gptkit.data import chat_batches
+from gptkit.data.chat_batches import ChatBatches
+from gptkit.data.dataset import load_meta
 from gptkit.prepare.chat import prepare_chat
 
 REPLY = "all is well."

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from train_helpers import losses_by_iter, read_metrics, tiny_args
 
 import train
-from gptkit.chat_batches import ChatBatches
+from gptkit.data.chat_batches import ChatBatches
 from gptkit.train.distributed import Dist
-from gptkit.checkpoint import load_checkpoint
-from gptkit.dataset import load_meta
+from gptkit.ops.checkpoint import load_checkpoint
+from gptkit.data.dataset import load_meta
 from gptkit.prepare.chat import prepare_chat
 from model import GPT, GPTConfig
 
@@ -137,7 +137,7 @@ def test_fine_tuning_one_of_our_checkpoints_grows_it_by_the_turn_tokens(chat_dat
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=2, n_head=2, n_embd=48, block_size=48, vocab_size=meta["vocab_size"] - 4)
     base = GPT(cfg)
-    from gptkit.checkpoint import save_checkpoint
+    from gptkit.ops.checkpoint import save_checkpoint
 
     save_checkpoint({"format_version": 1, "model": base.state_dict(), "model_config": dataclasses.asdict(cfg),
                      "tokenizer": meta["tokenizer"], "config": {}}, tmp_path / "base.pt")
@@ -181,7 +181,7 @@ def test_a_hugging_face_gpt2_folder_grows_by_the_turn_tokens_with_or_without_lor
     base_rows = HF.from_pretrained(tmp_path / "hf").transformer.wte.weight.detach()
     new_rows = ckpt["model"]["transformer.wte.weight"][50257:]
     assert not torch.allclose(new_rows, base_rows.mean(0).expand(4, -1))  # the turn tokens' rows trained
-    from gptkit.loading import load_model
+    from gptkit.models.loading import load_model
 
     model, tokenizer, _ = load_model(ckpt=str(full / "ckpt.pt"))
     assert model.config.vocab_size == 50261 and torch.equal(model.transformer.wte.weight[50257:], new_rows)

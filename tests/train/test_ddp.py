@@ -45,7 +45,7 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_with_a_checkpoint(tmp_
     import signal
     import time
 
-    from gptkit.checkpoint import load_checkpoint
+    from gptkit.ops.checkpoint import load_checkpoint
 
     write_char_dataset(tmp_path / "data")
     out = tmp_path / "out"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import train
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from gptkit.train import sharded
 from train_helpers import REPO, losses_by_iter, read_metrics, run_torchrun, subprocess_env, tiny_args, write_char_dataset
 
@@ -53,7 +53,7 @@ def test_fsdp_equals_one_process_and_ddp_and_converts_to_a_file_sample_reads(tmp
     assert sorted(p.name for p in (tmp_path / "fsdp" / "ckpt").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "run.json"]
 
     single = sharded.sharded_to_single(tmp_path / "fsdp", tmp_path / "converted.pt")
-    from gptkit.checkpoint import load_checkpoint
+    from gptkit.ops.checkpoint import load_checkpoint
 
     converted, best = load_checkpoint(single), load_checkpoint(tmp_path / "fsdp" / "best.pt")
     reference = load_checkpoint(tmp_path / "one" / "ckpt.pt")

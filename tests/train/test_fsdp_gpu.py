@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import train
-from gptkit.checkpoint import load_checkpoint
+from gptkit.ops.checkpoint import load_checkpoint
 from gptkit.train import sharded
 from train_helpers import losses_by_iter, read_metrics, run_torchrun, tiny_args, write_char_dataset
 

@@ -4,8 +4,8 @@ out_dir, resume of its own run, and another run's folder refused (docs/distribut
 import pytest
 
 import train
-from gptkit.errors import UserError
-from gptkit.checkpoint import load_checkpoint
+from gptkit.ops.errors import UserError
+from gptkit.ops.checkpoint import load_checkpoint
 from train_helpers import losses_by_iter, read_metrics, tiny_args, write_char_dataset
 
 ARGS = dict(n_layer=1, n_embd=16, block_size=16, max_iters=6, eval_interval=3, lr_decay_iters=6)
@@ -38,7 +38,7 @@ def test_auto_trains_from_scratch_then_resumes_its_own_run_and_refuses_another(t
 
 
 def test_a_second_job_on_a_live_out_dir_is_still_refused(tmp_path):
-    from gptkit.lock import FolderLock
+    from gptkit.ops.lock import FolderLock
 
     data = write_char_dataset(tmp_path / "data").parent
     with FolderLock(tmp_path / "out", "training run"):  # another job's claim, held
@@ -74,3 +74,33 @@ def test_auto_refuses_a_run_on_other_data_under_the_same_name_and_resumes_a_copy
     shutil.copytree(data, tmp_path / "copy")
     assert train.main(tiny_args(tmp_path / "copy", out, init_from="auto", **ARGS)) == 0
     assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 6
+
+
+@pytest.mark.parametrize("left", ["best.pt", "ckpt"])
+def test_auto_on_a_folder_with_nothing_to_resume_says_so_once_and_its_advice_runs(tmp_path, capsys, left):
+    """A folder whose ckpt.pt is gone (best.pt alone: weights, no optimizer) or whose sharded
+    ckpt/ never finished holds a run that cannot be resumed: one line, nothing printed before
+    it, the folder untouched; the command it suggests trains; --overwrite replaces it."""
+    import shlex
+
+    data = write_char_dataset(tmp_path / "data").parent
+    out = tmp_path / "out"
+    assert train.main(tiny_args(data, out, **{**ARGS, "max_iters": 3})) == 0
+    (out / "ckpt.pt").unlink()
+    if left == "ckpt":
+        (out / "best.pt").unlink()
+        (out / "ckpt").mkdir()  # a sharded save that died before its first file
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".lock"}
+    capsys.readouterr()
+    with pytest.raises(UserError, match=rf"out_dir {out} holds {left} but nothing to resume") as refused:
+        train.main(tiny_args(data, out, init_from="auto", **ARGS))
+    assert "\n" not in str(refused.value) and capsys.readouterr().out == ""
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".lock"} == before and left in before
+    advice = str(refused.value).split(": ")[-1].split(", or")[0]  # "start a new run ... --out_dir=OTHER"
+    advice = [word for word in shlex.split(advice) if word.startswith("--")]
+    assert ("--init_from=" + str(out / "best.pt") in advice) == (left == "best.pt")
+    settings = dict(word[2:].split("=", 1) for word in tiny_args(data, out, init_from="auto", **ARGS) + advice)
+    settings["out_dir"] = tmp_path / "other"  # the line's OTHER
+    assert train.main([f"--{k}={v}" for k, v in settings.items()]) == 0  # what the line says to run, runs
+    assert train.main(tiny_args(data, out, init_from="auto", overwrite="true", **ARGS)) == 0
+    assert "starting from scratch (replacing" in capsys.readouterr().out and (out / "ckpt.pt").is_file()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import train
-from gptkit.checkpoint import load_checkpoint
+from gptkit.ops.checkpoint import load_checkpoint
 from train_helpers import losses_by_iter, run_torchrun, tiny_args, write_base_checkpoint, write_char_dataset
 
 LORA = dict(lora_rank=4, lora_targets="attn.c_attn,mlp.c_proj", max_iters=8, eval_interval=4, lr_decay_iters=8)

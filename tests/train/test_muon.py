@@ -320,7 +320,7 @@ def test_metrics_parsing_and_summary(tmp_path):
 
 def test_bad_metrics_line_is_named(tmp_path):
     from benchmarks.bench_speedrun import read_metrics
-    from gptkit.errors import RunFailed
+    from gptkit.ops.errors import RunFailed
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"kind": "eval"}\n{"kind": tru\n')
@@ -357,7 +357,7 @@ def test_quick_overrides_end_on_an_evaluation():
 
 def test_unknown_ablation_setting_is_named():
     from benchmarks.bench_speedrun import check_settings
-    from gptkit.errors import UserError
+    from gptkit.ops.errors import UserError
 
     check_settings("ok", ["configs/x.py", "--n_layer=2"], {"n_layer"})
     with pytest.raises(UserError, match="B, no qk-norm: .*'--qk_nrom' \\(did you mean '--qk_norm'\\?\\)"):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import train
-from gptkit.checkpoint import load_checkpoint
+from gptkit.ops.checkpoint import load_checkpoint
 from gptkit.train import sharded
 from train_helpers import REPO, one_process_run, losses_by_iter, read_metrics, subprocess_env, tiny_args, write_char_dataset
 
@@ -154,7 +154,7 @@ def test_a_node_that_never_joins_fails_the_rendezvous_in_the_time_set(tmp_path):
 def test_a_rank_that_lost_a_peer_leaves_torchrun_a_line_naming_the_address(tmp_path, monkeypatch, capsys):
     """What the other ranks of a job whose rank was SIGKILLed leave in their torchrun's
     summary (seen there with two launchers; see docs/distributed.md), instead of a bare exit code 1."""
-    from gptkit.errors import run_main
+    from gptkit.ops.errors import run_main
     from gptkit.train.distributed import peer_failed
 
     gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
@@ -182,7 +182,7 @@ def test_the_error_file_for_torchrun_is_never_seen_half_written(tmp_path, monkey
     cut short leaves the file as it was and no temporary behind."""
     import json
 
-    from gptkit import errors
+    from gptkit.ops import errors
 
     path = tmp_path / "error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
@@ -205,7 +205,7 @@ def test_restarts_on_several_nodes_without_a_store_per_attempt_are_refused_befor
     """With the rendezvous store shared (torch's default), the first restart of a
     2-launcher job failed here with "Gloo connectFullMesh failed ... Connection refused":
     refused at start instead, in one line that every rank makes alike (printed once)."""
-    from gptkit.errors import UserError
+    from gptkit.ops.errors import UserError
 
     data = write_char_dataset(tmp_path / "data").parent
     for name, value in dict(RANK="2", LOCAL_RANK="0", WORLD_SIZE="4", GROUP_WORLD_SIZE="2", TORCHELASTIC_MAX_RESTARTS="1",

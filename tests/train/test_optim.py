@@ -125,3 +125,28 @@ def test_a_schedule_ends_at_max_iters_or_when_its_budget_is_spent():
     assert steps.progress(state) is None and not steps.finished(state) and steps.eta_s(state, 1.0) == 499
     state.iter_num = 1000  # max_iters still caps a budget
     assert budget.finished(state) and steps.finished(state)
+
+
+def test_a_budget_that_ends_inside_the_warmup_is_said_early_from_the_pace_and_at_the_end():
+    from gptkit.run_state import RunState
+
+    def schedule(**kw):
+        settings = {**vars(cfg(warmup_iters=100)), "max_iters": 1000, "time_budget": 60.0, **kw}
+        return optim.Schedule(types.SimpleNamespace(**settings), "cpu")
+
+    s = schedule()
+    for pace in (0.1, 0.5, 0.59, 0.6, 0.61, 1.0, 5.0):  # seconds a step; 10 steps taken, 6 s spent
+        allowed = 10 + int(54 / pace)
+        note = s.budget_warmup_note(10, 6.0, pace)
+        assert (note is not None) == (allowed < 100), pace
+        if note:
+            assert f"allows about {allowed:,} steps" in note and "warmup_iters=100" in note and "never decay" in note
+    assert s.end_note(RunState(iter_num=40, train_cpu_s=60.0)).startswith(
+        "the time budget ended the run at step 40, inside warmup_iters=100: the learning rate never decayed (it "
+        "reached 40% of learning_rate)")
+    assert s.end_note(RunState(iter_num=100, train_cpu_s=60.0)) is None  # the warmup was done: it decayed
+    assert s.end_note(RunState(iter_num=40, train_cpu_s=30.0)) is None  # not the budget's end
+    for quiet in (schedule(time_budget=0.0), schedule(decay_lr=False), schedule(lr_schedule="constant"),
+                  schedule(max_iters=100), schedule(warmup_iters=0)):  # nothing decays, or schedule_warnings says so
+        assert quiet.budget_warmup_note(10, 6.0, 5.0) is None
+        assert quiet.end_note(RunState(iter_num=40, train_cpu_s=60.0)) is None

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import train
-from gptkit.checkpoint import deferred_interrupts, load_checkpoint, non_finite_tensors
-from gptkit.errors import RunFailed, UserError
+from gptkit.ops.checkpoint import deferred_interrupts, load_checkpoint, non_finite_tensors
+from gptkit.ops.errors import RunFailed, UserError
 from repo import reset_sigint
 from train_helpers import REPO, read_metrics, run_train_subprocess, subprocess_env, tiny_args, write_char_dataset
 
@@ -199,7 +199,7 @@ def test_exploding_weights_are_never_saved_and_last_good_checkpoint_is_finite(da
 
 
 def test_save_refuses_non_finite_tensors_and_keeps_the_previous_file(tmp_path):
-    from gptkit.checkpoint import save_checkpoint
+    from gptkit.ops.checkpoint import save_checkpoint
 
     path = tmp_path / "ckpt.pt"
     save_checkpoint({"model": {"w": torch.ones(3)}}, path)
@@ -233,7 +233,7 @@ def test_token_id_beyond_the_vocabulary_is_named_before_training(data_dir, tmp_p
 
 
 def test_token_id_beyond_the_vocabulary_in_a_large_bin_is_caught_at_its_batch(data_dir, tmp_path, monkeypatch):
-    from gptkit import dataset
+    from gptkit.data import dataset
 
     monkeypatch.setattr(dataset, "FULL_SCAN_BYTES", 0)  # as for a bin too large to scan at start-up
     ids = np.fromfile(data_dir / "tiny" / "train.bin", dtype=np.uint16)
@@ -342,7 +342,7 @@ sys.path.insert(0, {str(REPO)!r})
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG from write(), as a full disk gives ENOSPC
 resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # the lock fits, config.json does not
 import train
-from gptkit.errors import run_main
+from gptkit.ops.errors import run_main
 run_main(train.main, {tiny_args(data_dir, out)!r})
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=subprocess_env(),
@@ -362,7 +362,7 @@ def test_batches_no_machine_can_hold_are_refused_before_any_work(tmp_path):
 
 
 def test_running_out_of_memory_is_a_message_not_a_traceback(capsys):
-    from gptkit.errors import run_main
+    from gptkit.ops.errors import run_main
 
     def main(argv):
         torch.empty(2**62, dtype=torch.uint8)  # no machine has 4 EiB

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from gptkit.checkpoint import load_checkpoint
+from gptkit.ops.checkpoint import load_checkpoint
 from train_helpers import REPO, one_process_run, losses_by_iter, read_metrics, subprocess_env, tiny_args
 
 # dropout 0: each rank draws its own masks, so only without dropout can 2 ranks equal one process.
@@ -34,7 +34,7 @@ def reference(tmp_path_factory):
 
 
 def killed_from_outside(tmp_path, data, faults):
-    """Run the documented command; SIGKILL the worker that holds (see gptkit/faults.py's
+    """Run the documented command; SIGKILL the worker that holds (see gptkit/ops/faults.py's
     hold) once it has written its pid; return torchrun's exit code and output."""
     out, held = tmp_path / "out", tmp_path / "held"
     # rank 1 joins 2 s after rank 0, as on a loaded machine: rank 0 of the restart then looks

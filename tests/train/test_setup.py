@@ -44,7 +44,7 @@ def test_loop_state_checks_accept_what_runs_save_and_name_what_is_wrong():
     """One check for one-file and sharded checkpoints: counters and every RNG state."""
     import pytest
 
-    from gptkit.errors import UserError
+    from gptkit.ops.errors import UserError
     from gptkit.run_state import check_loop_state, rng_state
 
     rng = rng_state("cpu")
@@ -60,9 +60,9 @@ def test_loop_state_checks_accept_what_runs_save_and_name_what_is_wrong():
 
 
 def test_start_swaps_in_the_hand_written_backward_on_cpu_float32_only(tmp_path):
-    """The quick start's speed on CPUs depends on set-up applying gptkit/fused.py: a run
+    """The quick start's speed on CPUs depends on set-up applying gptkit/fast/fused.py: a run
     without it trains the same numbers ~10% slower, so no loss test would notice."""
-    from gptkit import fused
+    from gptkit.fast import fused
     from gptkit.train import distributed, setup
 
     write_char_dataset(tmp_path / "data")

@@ -12,8 +12,8 @@ import torch.distributed.checkpoint as dcp
 
 import convert
 
-from gptkit.checkpoint import load_checkpoint
-from gptkit.errors import UserError
+from gptkit.ops.checkpoint import load_checkpoint
+from gptkit.ops.errors import UserError
 from gptkit.train import sharded
 from gptkit.train.distributed import Dist
 from gptkit.train.sharded import file_record

@@ -17,8 +17,8 @@ import torch
 
 import convert
 import train
-from gptkit.checkpoint import load_checkpoint
-from gptkit.errors import UserError
+from gptkit.ops.checkpoint import load_checkpoint
+from gptkit.ops.errors import UserError
 from gptkit.train import sharded
 from gptkit.train.sharded import file_record
 from malicious import RunsCode
@@ -338,7 +338,7 @@ def test_a_two_rank_resume_stops_every_rank_on_the_shard_one_rank_found_damaged(
 
 
 def test_a_sharded_run_folder_or_its_ckpt_folder_is_a_base_to_fine_tune_from(copy, saved, tmp_path):
-    from gptkit.loading import checkpoint_of
+    from gptkit.models.loading import checkpoint_of
 
     data = saved[0]
     assert checkpoint_of(copy) == copy / "best.pt"  # a run folder: what sample.py would load

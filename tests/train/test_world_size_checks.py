@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import train
-from gptkit.errors import UserError
+from gptkit.ops.errors import UserError
 from train_helpers import REPO, subprocess_env, tiny_args
 
 
