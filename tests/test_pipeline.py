@@ -113,7 +113,9 @@ def test_the_report_holds_the_figures_of_the_stages_own_logs(tiny_run):
         card = json.loads((run / card_file).read_text())["models"][0]["tasks"]
         assert f"**{100 * card['summary']:.1f}%" in report
         for task in card["tasks"]:
-            assert re.search(rf"\| {task['title']} \|.*\| {task['items']} \| {100 * task[task['metric']]:.1f}%", report)
+            err = f" ± {100 * task['stderr']:.1f}" if "stderr" in task else ""  # where eval.py gives one
+            assert re.search(rf"\| {task['title']} \|.*\| {task['items']} \| {100 * task[task['metric']]:.1f}%{err} \|",
+                             report)
     # Each stage's commands are the ones its log shows being run.
     for stage in STAGES:
         log = (run / "logs" / f"{stage.name}.log").read_text()

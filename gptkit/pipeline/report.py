@@ -113,8 +113,8 @@ def card_section(before, after):
         err = card.get("summary_stderr")
         summaries += ["", f"**{percent(card['summary'])}**" + (f" ± {100 * err:.1f}" if isinstance(err, float) else "")]
     lines.append("| **summary** | mean centered | | " + " | ".join(summaries) + " |")
-    return lines + ["", "centered accuracy = (acc - random) / (1 - random), averaged over the tasks "
-                    "(docs/evaluation.md in the repository).", ""]
+    return lines + ["", "centered accuracy = (acc - random) / (1 - random), averaged over the tasks; ± is one "
+                    "standard error, in points, as eval.py gives it (docs/evaluation.md in the repository).", ""]
 
 
 def write_report(run, stages, markers, settings, serve):
