@@ -90,8 +90,19 @@ def test_the_tiny_size_runs_every_stage_resuming_after_two_interruptions(tiny_ru
     for name in ("corpus", "chat_data"):
         assert (run / "logs" / f"{name}.log").read_text().count("=== ") == 1
     assert final.stdout.count("done before, skipped") == len(tiny_run["snapshot"])
-    # What it made: the exports, and the command that serves them.
+    # What it made: the exports (transformers reads our BPE as we do), and the command that serves them.
     assert (run / "hf" / "tokenizer.json").is_file() and (run / "model.gguf").is_file()
+    transformers = pytest.importorskip("transformers")
+    from gptkit.data.dataset import load_meta
+    from gptkit.data.tokenizer import tokenizer_from_dict
+
+    ours = tokenizer_from_dict(load_meta(run / "data", "corpus")["tokenizer"])
+    messages = [{"role": "user", "content": "What is 37+45?"}]
+    hf = transformers.AutoTokenizer.from_pretrained(run / "hf")
+    assert hf("ROMEO:\nWhat is 37+45?  82")["input_ids"] == ours.encode("ROMEO:\nWhat is 37+45?  82")
+    prompt = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    assert list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt) == [
+        ours.vocab_size + 1, *ours.encode("What is 37+45?"), ours.vocab_size + 3, ours.vocab_size + 2]
     assert f"serve.py --out_dir {run / 'rl'}" in final.stdout
 
 
@@ -152,6 +163,17 @@ def test_without_a_terminal_a_progress_line_comes_at_least_every_heartbeat(monke
     printed = out.getvalue().splitlines()[lines:]
     # train.py's own eta, counted down since it was printed, and the 50 s stated for the sft stage
     assert [re.search(r"pipeline eta (\S+) \|", line).group(1) for line in printed] == ["1m50s", "1m20s", "50s"]
+
+
+def test_the_gpu_size_trains_under_torchrun_on_max_iters():
+    from gptkit.pipeline.sizes import SIZES
+    from gptkit.pipeline.stages import Run, pretrain_commands, rl_commands
+
+    run = Run(REPO / "run-gpu", SIZES["gpu"], nproc_per_node=8)
+    for command in (pretrain_commands(run)[0], rl_commands(run)[0]):
+        assert command.argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8"]
+        assert not any(a.startswith("--time_budget") for a in command.argv)  # one process's clock: refused there
+    assert "--n_embd=768" in pretrain_commands(run)[0].argv
 
 
 def test_each_corpus_becomes_our_bpe_trained_on_its_text(tmp_path, monkeypatch):
