@@ -219,7 +219,7 @@ def write_json(path, data):
 def run_stage(run, stage, progress, signals, remaining):
     """Run `stage`'s commands in order; its done-marker (also written to RUN/stages)."""
     stages_dir, logs = run.folder / "stages", run.folder / "logs"
-    stages_dir.mkdir(exist_ok=True)
+    stages_dir.mkdir(parents=True, exist_ok=True)
     logs.mkdir(exist_ok=True)
     partial_path = stages_dir / f"{stage.name}.partial.json"
     spent = read_json(partial_path, {"wall_s": 0.0, "cpu_s": 0.0, "peak_rss_bytes": 0, "attempts": 0})
