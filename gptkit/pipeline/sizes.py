@@ -48,8 +48,8 @@ SIZES = {
                "eval_prompts": 100, "log_interval": 5, "batch_size": 64, "learning_rate": 3e-4},
         "card_tokens": 0,  # 0: the whole val split
         "card_limit": 200,  # eval.py --limit: each task's first 200 items
-        "expected_s": {"corpus": 10, "pretrain": 1500, "card": 150, "chat_data": 15, "sft": 300, "rl": 300,
-                       "card_after": 150, "export": 30, "report": 15},
+        "expected_s": {"corpus": 5, "pretrain": 1500, "card": 90, "chat_data": 5, "sft": 300, "rl": 80,
+                       "card_after": 90, "export": 10, "report": 5},
     },
     # GPT-2 124M's shape on a node of GPUs (documented, not measured here): run it with
     # --corpus fineweb_edu --shards N --nproc_per_node 8.
