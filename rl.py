@@ -18,7 +18,6 @@ greedy replies (temperature 0) to held-out prompts and the mean reward of sample
 and torchrun behave as train.py's (docs/rl.md).
 """
 
-import copy
 import dataclasses
 import json
 import math
@@ -38,63 +37,48 @@ from gptkit.ops.checkpoint import load_checkpoint, write_text_atomic
 from gptkit.data.chat import prompt_ids, turn_ids
 from gptkit.config import parse_settings, setting, settings_dict, choice_problems
 from gptkit.ops.device import resolve_device
-from gptkit.ops.errors import RunFailed, UserError, run_main, same_on_every_rank
+from gptkit.ops.errors import UserError, run_main, same_on_every_rank
 from gptkit.generation.generate import generate_stream, turn_marker
 from gptkit.models.loading import adapted_model, checkpoint_of, model_from_checkpoint, read_checkpoint
-from gptkit.run_state import provenance, rng_state, set_rng_state
-from gptkit.train import distributed, logger, optim
+from gptkit.run_state import provenance, set_rng_state
+from gptkit.train import distributed, logger, optim, settings
 from gptkit.train.checkpointer import Checkpointer
 from gptkit.train.out_dir import OutDir
-from train import clip_gradients, set_lr
+from gptkit.train.step import clip_gradients, set_lr
 
 
 @dataclasses.dataclass
 class RLConfig:
-    """GRPO or DPO from a chat checkpoint"""
+    """GRPO or DPO from a chat checkpoint (each choice and its source: docs/rl.md)"""
 
     method: str = setting("grpo", "grpo (sampled replies, rewards) | dpo (preference pairs)")
-    init_from: str = setting("out-chat-arithmetic", "the chat checkpoint to start from (a file or "
-                             "a "
-                             "run folder) | resume (out_dir/ckpt.pt)")
+    init_from: str = setting("out-chat-arithmetic", "the chat checkpoint (a file or run folder) | resume")
     out_dir: str = setting("out-rl", "folder for ckpt.pt, best.pt, config.json, metrics.jsonl")
     overwrite: bool = setting(False, "replace a run already in out_dir")
     # prompts with answers: GRPO's training prompts, and every evaluation's
-    task: str = setting("arithmetic", "arithmetic (sums, offline) | gsm8k (downloaded once; use "
-                        "reward=final_number) | a .jsonl of prompts with answers")
-    eval_task: str | None = setting(None, "held-out prompts: a .jsonl (none: the task's held-out "
-                                    "split: arithmetic's held-out sums, GSM8K's test; required for "
-                                    "a file task)")
-    reward: str = setting("exact", "exact (the reply is the answer) | final_number (its last "
-                          "number is the answer's: GSM8K)")
+    task: str = setting("arithmetic", "arithmetic | gsm8k (with reward=final_number) | a .jsonl")
+    eval_task: str | None = setting(None, "held-out prompts .jsonl (none: the task's held-out split)")
+    reward: str = setting("exact", "exact (the reply is the answer) | final_number (GSM8K's rule)")
     eval_prompts: int = setting(200, "held-out prompts each evaluation answers")
+    too_long: str = setting("refuse", "a prompt or pair past the model's block: refuse | crop")
     # GRPO: each choice with where it comes from
     group_size: int = setting(16, "replies sampled per prompt (nanochat: 16; DeepSeekMath: 64)")
     prompts_per_step: int = setting(8, "prompts per step, shared among the ranks")
     temperature: float = setting(1.0, "sampling temperature of the groups (nanochat: 1.0)")
-    top_k: int | None = setting(None, "sample among the k likeliest tokens (nanochat: 50); none = "
-                                "all")
+    top_k: int | None = setting(None, "sample among the k likeliest tokens (nanochat: 50); none: all")
     max_new_tokens: int = setting(16, "longest reply sampled")
-    advantage: str = setting("mean", "mean: reward - group mean (nanochat, Dr. GRPO) | zscore: "
-                             "also "
-                             "divided by the group's std (DeepSeekMath's GRPO)")
-    loss_norm: str = setting("token", "token: sum over every reply token / their count (nanochat, "
-                             "DAPO) | sequence: each reply's token mean, then the mean (GRPO)")
-    kl_coef: float = setting(0.0, "weight of the k3 KL estimate to the reference per token (0 = "
-                             "none, "
-                             "nanochat; DeepSeekMath: 0.04)")
-    updates_per_batch: int = setting(1, "optimizer steps per sampled batch: 1 = on-policy "
-                                     "(nanochat, "
-                                     "the ratio is 1); more: PPO's clipped ratios")
+    advantage: str = setting("mean", "mean: reward - group mean (nanochat) | zscore: / std too")
+    loss_norm: str = setting("token", "token: per reply token (nanochat, DAPO) | sequence (GRPO)")
+    kl_coef: float = setting(0.0, "weight of the k3 KL term to the reference (DeepSeekMath: 0.04)")
+    updates_per_batch: int = setting(1, "optimizer steps per sampled batch: 1 = on-policy, more: PPO")
     clip_eps: float = setting(0.2, "PPO's clip range of the ratio (updates_per_batch > 1)")
     # DPO
     pairs: str = setting("arithmetic", "DPO's pairs: arithmetic (right vs wrong sums) | a .jsonl")
-    eval_pairs: str | None = setting(None, "held-out pairs .jsonl (none: arithmetic's held-out "
-                                     "sums; for a pairs file, its own pairs)")
+    eval_pairs: str | None = setting(None, "held-out pairs .jsonl (none: arithmetic's, or the pairs)")
     pairs_per_step: int = setting(32, "pairs per step, shared among the ranks")
     beta: float = setting(0.1, "DPO's beta, the strength of the reference (DPO paper, TRL: 0.1)")
     label_smoothing: float = setting(0.0, "chance a pair's label is flipped, eps (TRL's name)")
-    dpo_loss: str = setting("sigmoid", "sigmoid: DPO, eps as in cDPO | robust: rDPO's unbiased "
-                            "form (Chowdhury et al. 2024; TRL's loss_type=robust)")
+    dpo_loss: str = setting("sigmoid", "sigmoid: DPO, cDPO with eps | robust: rDPO (TRL's robust)")
     # optimisation (gptkit/train/optim.py's AdamW or Muon)
     optimizer: str = setting("adamw", "adamw | muon")
     learning_rate: float = setting(1e-4, "peak AdamW rate")
@@ -109,12 +93,10 @@ class RLConfig:
     max_iters: int = setting(100, "steps")
     batch_size: int = setting(64, "sequences per forward/backward (a step's are split into these)")
     # LoRA (docs/lora.md)
-    lora_rank: int = setting(0, "train LoRA adapters of this rank on a frozen base; 0 = every "
-                             "weight")
+    lora_rank: int = setting(0, "train LoRA adapters of this rank on a frozen base; 0 = every weight")
     lora_alpha: float | None = setting(None, "LoRA scale is alpha / rank; none = the rank")
     lora_dropout: float = setting(0.0, "dropout on each adapter's input")
-    lora_targets: str = setting("attn.c_attn", "attn.c_attn | attn.c_proj | mlp.c_fc | mlp.c_proj "
-                                "| all, comma-separated")
+    lora_targets: str = setting("attn.c_attn", "attn.c_attn | attn.c_proj | mlp.c_fc | mlp.c_proj | all")
     # evaluation, logging
     eval_interval: int = setting(10, "evaluate and save ckpt.pt every this many steps")
     log_interval: int = setting(1, "log a step every this many")
@@ -127,12 +109,10 @@ class RLConfig:
     backend: str = setting("auto", "torchrun's backend: auto | nccl | gloo")
     seed: int = setting(1337, "random seed (prompts, samples)")
 
-    time_budget = 0.0  # what the logger's ETA reads: none here
-    dataset = "rl"  # the logger's default wandb project
-
     def __post_init__(self):
         problems = choice_problems(self, {"method": ("grpo", "dpo"),
                                           "reward": tuple(rl_data.REWARDS),
+                                          "too_long": ("refuse", "crop"),
                                           "advantage": ("mean", "zscore"),
                                           "loss_norm": ("token", "sequence"),
                                           "dpo_loss": ("sigmoid", "robust"),
@@ -145,16 +125,20 @@ class RLConfig:
         if self.method == "grpo" and self.group_size < 2:
             problems.append("group_size must be at least 2: a group of one has no relative "
                             "advantage")
-        if self.temperature <= 0:
-            problems.append(f"temperature={self.temperature} must be > 0 to sample a group")
+        if not 0 < self.temperature < math.inf:  # NaN too
+            problems.append(f"temperature={self.temperature} must be a number > 0 to sample a group")
+        if self.top_k is not None and self.top_k < 1:
+            problems.append(f"top_k={self.top_k} must be at least 1 (or none: every token)")
         if not 0 <= self.label_smoothing < 0.5:
             problems.append(f"label_smoothing={self.label_smoothing} must be in [0, 0.5)")
-        if self.beta <= 0 or self.kl_coef < 0 or self.clip_eps <= 0:
-            problems.append("beta and clip_eps must be > 0, kl_coef >= 0")
+        if not (0 < self.beta < math.inf and 0 <= self.kl_coef < math.inf and 0 < self.clip_eps < math.inf):
+            problems.append("beta and clip_eps must be numbers > 0, kl_coef >= 0")
         if self.task not in ("arithmetic", "gsm8k") and self.eval_task is None:
             problems.append(f"task={self.task} needs --eval_task, a .jsonl of held-out prompts")
         if self.init_from == "auto":
             problems.append("init_from=auto is train.py's: name the checkpoint, or resume")
+        # the optimizer's, the seed's and LoRA's settings by train.py's own rules
+        problems += settings.trainer_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -169,6 +153,50 @@ class RLState:
     last_eval_iter: int = -1
     train_time_s: float = 0.0
     train_cpu_s: float = 0.0
+
+
+@dataclasses.dataclass
+class Schedule:
+    """rl.py's schedule: max_iters steps, the rate falling linearly to 0 (lr_decay, as
+    nanochat's chat_rl.py) or constant. The logger reads total_iters and eta_s."""
+
+    max_iters: int
+    decay: bool
+
+    @property
+    def total_iters(self):
+        return self.max_iters
+
+    def lr_scale(self, it):
+        return 1 - it / self.max_iters if self.decay else 1.0
+
+    def eta_s(self, state, seconds_per_iter):
+        steps_left = max(0, self.max_iters - state.iter_num - 1)
+        return None if seconds_per_iter is None else seconds_per_iter * steps_left
+
+
+@dataclasses.dataclass
+class Step:
+    """What every update works on, set up once by `run` (as train.py's Step)."""
+
+    model: torch.nn.Module  # the policy (with LoRA: the frozen base and its adapters)
+    chat: "Chat"  # its tokens: prompts in the chat template, replies back as text
+    optimizers: list  # [AdamW] or [AdamW, Muon]
+    params: list  # the trained parameters, whose gradients the ranks sum
+    reference: object  # log-probs of reply tokens under the frozen start; None if unused
+    reward: object  # reward(reply text, answer) -> 1.0 right, 0.0 wrong (gptkit/rl_data.py)
+    dist: distributed.Dist  # this rank, and how many there are
+    device: str
+
+
+@dataclasses.dataclass
+class Data:
+    """What a run reads, every item loaded and checked before anything is written."""
+
+    train: list  # GRPO's training prompts
+    held: list  # held-out prompts: every evaluation's
+    pairs: list | None  # DPO's training pairs
+    eval_pairs: list | None  # DPO's held-out pairs
 
 
 # ----------------------------------------------------------------------------- the updates
@@ -232,24 +260,41 @@ def dpo_step(model, batch, cfg, reference):
     return loss.detach()
 
 
-def update(model, optimizers, params, cfg, dist, lr_scale, step_fn, chunks, reference):
+def update(step, loss_of, chunks, cfg, lr_scale):
     """One optimizer step: the loss of every chunk (gradients summed), the ranks' gradients
-    summed (each loss was divided by the global count already), clipped, stepped."""
-    loss = sum(step_fn(model, chunk, cfg, reference) for chunk in chunks)
+    summed in one all-reduce (each loss was divided by the global count already),
+    clipped, stepped, as train.py's step clips and sets the rate (gptkit/train/step.py)."""
+    loss = sum(loss_of(step.model, chunk, cfg, step.reference) for chunk in chunks)
     loss = torch.as_tensor(loss, dtype=torch.float32)
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        distributed.all_reduce_sum(p.grad, dist)
-    loss = distributed.all_reduce_sum(loss.clone(), dist).item()
-    norm = clip_gradients(model, cfg.grad_clip).item()
+    distributed.sum_gradients(step.params, step.dist)
+    loss = distributed.all_reduce_sum(loss.clone(), step.dist).item()
+    norm = clip_gradients(step.model, cfg.grad_clip).item()
     if not (math.isfinite(loss) and math.isfinite(norm)):
         raise NonFinite(f"the loss is {loss}, the gradient norm {norm}")
-    set_lr(optimizers, lr_scale)
-    for opt in optimizers:
+    set_lr(step.optimizers, lr_scale)
+    for opt in step.optimizers:
         opt.step()
         opt.zero_grad(set_to_none=True)
     return loss, norm
+
+
+def grpo_update(step, prompts, cfg, it, lr_scale):
+    """GRPO's step `it`: sample and score this rank's groups, then updates_per_batch
+    optimizer steps on them (1: on-policy). Returns (loss, gradient norm, mean reward)."""
+    chunks, mean_reward = grpo_batch(step.model, step.chat, prompts, cfg, it, step.dist, step.device,
+                                     step.reward, step.reference)
+    for _ in range(cfg.updates_per_batch):
+        loss, norm = update(step, grpo_step, chunks, cfg, lr_scale)
+    return loss, norm, mean_reward
+
+
+def dpo_update(step, pairs, cfg, it, lr_scale):
+    """DPO's step `it`: this rank's share of pairs_per_step pairs, one optimizer step.
+    Returns (loss, gradient norm, None: DPO samples no reply to reward)."""
+    mine = [p for _, p in step_items(pairs, cfg.pairs_per_step, cfg, it, step.dist)]
+    chunks = pair_chunks(step.chat, mine, cfg, step.device, total=min(cfg.pairs_per_step, len(pairs)))
+    loss, norm = update(step, dpo_step, chunks, cfg, lr_scale)
+    return loss, norm, None
 
 
 class NonFinite(Exception):
@@ -260,15 +305,24 @@ class NonFinite(Exception):
 class Chat:
     """A chat model's tokens: prompts as the template gives them, replies back as text."""
 
-    def __init__(self, tokenizer, chat_entry, source):
+    def __init__(self, tokenizer, chat_entry, source, block_size):
         if not isinstance(chat_entry, dict):
             raise UserError(f"{source} is not a chat model (train it on a chat dataset first: "
                             "docs/chat.md)")
         self.tokenizer, self.base = tokenizer, tokenizer.vocab_size
         self.end = turn_ids(self.base)["<|end|>"]
+        self.block_size = block_size
 
     def prompt(self, messages):
         return prompt_ids(messages, self.tokenizer.encode, self.base)
+
+    def fit(self, ids, room):
+        """A prompt's ids with `room` tokens after them in one training row, whose inputs
+        (all its tokens but the last) the model's block must hold: as they are where they
+        fit, else their oldest tokens dropped (check_lengths refused them unless
+        too_long=crop)."""
+        keep = self.block_size + 1 - room
+        return ids[-keep:] if len(ids) > keep else ids
 
     def reply_ids(self, text):
         return [*self.tokenizer.encode(text), self.end]
@@ -326,7 +380,7 @@ def grpo_batch(model, chat, prompts, cfg, step, dist, device, reward, logprobs_o
     model.eval()
     rows, masks, advantages, rewards = [], [], [], []
     for index, prompt in step_items(prompts, cfg.prompts_per_step, cfg, step, dist):
-        ids = chat.prompt(prompt.messages)
+        ids = chat.fit(chat.prompt(prompt.messages), cfg.max_new_tokens)
         replies = sample_replies(model, ids, cfg.group_size, cfg.temperature, cfg.top_k,
                                  cfg.max_new_tokens, chat.end,
                                  generator_for(cfg, step, index, device))
@@ -359,16 +413,40 @@ def grpo_batch(model, chat, prompts, cfg, step, dist, device, reward, logprobs_o
     return chunks, reward_sum / replies
 
 
-def arithmetic_pairs(split, seed):
-    """Right vs wrong replies to the sums of arithmetic_chat's split (train or val): the
-    wrong one off by 1 or 10, a near miss as a small model makes."""
-    rng = random.Random(seed)
-    pairs = []
-    for p in rl_data.arithmetic_prompts(split):
-        right = int(p.answer)
-        wrong = right + rng.choice([d for d in (-10, -1, 1, 10) if right + d >= 0])
-        pairs.append(rl_data.Pair(p.messages, p.answer, str(wrong)))
-    return pairs
+def check_lengths(chat, data, cfg):
+    """Every prompt and pair encoded before anything is written: a character outside the
+    vocabulary is named by its file and line, and a training row past the model's block
+    (prompt and reply, or max_new_tokens) is refused, or with too_long=crop counted and
+    cropped (Chat.fit). Returns the line that counts the cropped ones, or None."""
+    rows = [(p, cfg.max_new_tokens, "max_new_tokens") for p in data.train] if cfg.method == "grpo" else []
+    for pair in (data.pairs or []) + (data.eval_pairs or [])[: cfg.eval_prompts]:
+        for reply in (pair.chosen, pair.rejected):
+            rows.append((pair, len(encoded(chat.reply_ids, reply, pair)), "its reply"))
+    for prompt in data.held[: cfg.eval_prompts]:
+        encoded(chat.prompt, prompt.messages, prompt)
+    cropped = {}
+    for item, room, what in rows:
+        n = len(encoded(chat.prompt, item.messages, item))
+        if n + room - 1 <= chat.block_size:
+            continue
+        if room > chat.block_size or cfg.too_long == "refuse":
+            fix = ("lower --max_new_tokens" if what == "max_new_tokens" else "shorten the reply")
+            fix = fix if room > chat.block_size else f"shorten the prompt, {fix}, or --too_long=crop"
+            raise UserError(f"{item.where}: its prompt ({n} tokens) and {what} ({room}) do not fit "
+                            f"the model's block of {chat.block_size} tokens: {fix}")
+        cropped.setdefault(item.where, item)
+    if cropped:
+        return (f"too_long=crop: {len(cropped)} prompts or pairs lose their oldest tokens to fit the "
+                f"model's block of {chat.block_size} (the first: {next(iter(cropped))})")
+    return None
+
+
+def encoded(encode, text, item):
+    """encode(text), a character outside the vocabulary named by the item's file and line."""
+    try:
+        return encode(text)
+    except UserError as e:
+        raise UserError(f"{item.where}: {e}") from None
 
 
 def pair_chunks(chat, pairs, cfg, device, total):
@@ -379,7 +457,8 @@ def pair_chunks(chat, pairs, cfg, device, total):
         rows, masks = [], []
         for field in ("chosen", "rejected"):
             for pair in part:
-                ids, reply = chat.prompt(pair.messages), chat.reply_ids(getattr(pair, field))
+                reply = chat.reply_ids(getattr(pair, field))
+                ids = chat.fit(chat.prompt(pair.messages), len(reply))
                 rows.append(ids + reply)
                 masks.append([0] * len(ids) + [1] * len(reply))
         seq, mask = padded(rows, masks, chat.end)
@@ -467,14 +546,15 @@ def load_start(cfg):
             _, tokenizer, _ = model_from_checkpoint(ckpt, path)
         else:
             model, tokenizer, _ = model_from_checkpoint(ckpt, path)
-        return model, Chat(tokenizer, ckpt.get("chat"), path), ckpt, Path(ckpt["rl_start"])
+        chat = Chat(tokenizer, ckpt.get("chat"), path, model.config.block_size)
+        return model, chat, ckpt, Path(ckpt["rl_start"])
     path = checkpoint_of(cfg.init_from)
     if path is None:
         raise UserError(f"init_from={cfg.init_from}: no checkpoint there (a .pt file or a run "
                         "folder)")
     ckpt = read_checkpoint(path)
     model, tokenizer, _ = model_from_checkpoint(ckpt, path)
-    chat = Chat(tokenizer, ckpt.get("chat"), path)
+    chat = Chat(tokenizer, ckpt.get("chat"), path, model.config.block_size)
     if cfg.lora_rank:
         targets = lora.parse_targets(cfg.lora_targets)
         lora.check_rank(model, cfg.lora_rank, targets)
@@ -501,20 +581,20 @@ def reference_for(model, cfg, start):
 
 
 def tasks(cfg):
-    """(training prompts, held-out prompts, training pairs, held-out pairs) the method reads."""
+    """The prompts and pairs the method reads (Data)."""
     train = rl_data.named_prompts(cfg.task, "train")
     held = rl_data.named_prompts(cfg.eval_task or cfg.task, "val")
     if cfg.method == "grpo":
-        return train, held, None, None
+        return Data(train, held, None, None)
     if cfg.pairs == "arithmetic":
-        pairs = arithmetic_pairs("train", cfg.seed)
+        pairs = rl_data.arithmetic_pairs("train", cfg.seed)
     else:
         pairs = rl_data.read_pairs(cfg.pairs)
     if cfg.eval_pairs is not None:
         eval_pairs = rl_data.read_pairs(cfg.eval_pairs)
     else:
-        eval_pairs = arithmetic_pairs("val", cfg.seed) if cfg.pairs == "arithmetic" else pairs
-    return train, held, pairs, eval_pairs
+        eval_pairs = rl_data.arithmetic_pairs("val", cfg.seed) if cfg.pairs == "arithmetic" else pairs
+    return Data(train, held, pairs, eval_pairs)
 
 
 def main(argv=None):
@@ -541,17 +621,52 @@ def main(argv=None):
         distributed.cleanup(dist, ok)
 
 
+def evaluation(step, data, cfg, it):
+    """The record of an evaluation at step `it`: greedy pass@1 and the sampled replies'
+    mean reward on the held-out prompts; for DPO also the held-out pairs' margin."""
+    pass1, mean_reward = evaluate(step.model, step.chat, data.held, cfg, step.dist, step.device,
+                                  step.reward)
+    rec = {"kind": "rl_eval", "iter": it, "pass1": pass1, "mean_reward": mean_reward}
+    if cfg.method == "dpo":
+        rec["margin"], rec["pair_accuracy"] = pair_margins(
+            step.model, step.chat, data.eval_pairs, cfg, step.dist, step.device, step.reference)
+    return rec
+
+
+def eval_line(rec):
+    return " | ".join([f"eval {rec['iter']}"] + [f"{k} {v:.4f}" for k, v in rec.items()
+                                                  if k not in ("kind", "iter")])
+
+
+def train_line(rec, max_iters):
+    """A step's console line; DPO's has no reward (it samples no reply)."""
+    reward = f"reward {rec['reward']:.3f} | " if "reward" in rec else ""
+    return (f"step {rec['iter']}/{max_iters} | loss {rec['loss']:.4f} | {reward}"
+            f"norm {rec['grad_norm']:.2f} | {rec['ms_per_iter']:.0f} ms")
+
+
+def done_line(state, last, out_dir, seconds):
+    """The closing line: the trained model's figures (its last evaluation), and the best
+    pass@1 of the run (best.pt's)."""
+    trained = f"pass@1 {state.pass1:.4f}"
+    if last is not None and "margin" in last:
+        trained += (f", held-out margin {last['margin']:.4f} ({last['pair_accuracy']:.1%} of pairs "
+                    "ranked right)")
+    return (f"done: {state.iter_num} steps; the trained model: {trained}; best pass@1 "
+            f"{state.best_pass1:.4f}; checkpoints in {out_dir} ({logger.format_duration(seconds)})")
+
+
 def run(cfg, data, dist, device):
     """Set up, then the loop: evaluate (and save) every eval_interval steps, one update a step."""
     start_time = time.monotonic()
     out_dir = Path(cfg.out_dir)
-    train_prompts, held_prompts, pairs, eval_pairs = data
+    torch.manual_seed(cfg.seed)  # LoRA's new adapters and dropout: the same on every rank and run
     model, chat, ckpt, start = load_start(cfg)
+    cropped = check_lengths(chat, data, cfg)  # a bad item: one line, before anything is written
     model.to(device).train()
-    reward = rl_data.REWARDS[cfg.reward]
-    reference = reference_for(model, cfg, start)
-    params = [p for p in model.parameters() if p.requires_grad]
     optimizers = optim.make_optimizers(model, cfg, device.split(":")[0])
+    step = Step(model, chat, optimizers, [p for p in model.parameters() if p.requires_grad],
+                reference_for(model, cfg, start), rl_data.REWARDS[cfg.reward], dist, device)
     state = RLState()
     if cfg.init_from == "resume":
         for opt, saved in zip(optimizers, ckpt["optimizer"]):
@@ -559,7 +674,7 @@ def run(cfg, data, dist, device):
         set_rng_state(ckpt["rng"], device)
         state = RLState(**{f.name: ckpt[f.name] for f in dataclasses.fields(RLState)})
         if dist.is_main:
-            logger.trim_metrics(out_dir / "metrics.jsonl", state.iter_num)
+            logger.trim_metrics(out_dir / "metrics.jsonl", state.iter_num, eval_kind="rl_eval")
     recorded = settings_dict(cfg)
     info = {"model_config": dataclasses.asdict(model.config), "tokenizer": ckpt["tokenizer"],
             "config": recorded, "data_fingerprint": ckpt.get("data_fingerprint"),
@@ -568,61 +683,41 @@ def run(cfg, data, dist, device):
     ckpt = None
     saver = Checkpointer(out_dir, model, optimizers, optim.make_scaler(torch.float32, "cpu"), info,
                          dist, device, "ddp", resumed_at=state.iter_num or None)
-    log = logger.Logger(cfg, state, recorded, dist.is_main, optim.Schedule(cfg, device))
+    schedule = Schedule(cfg.max_iters, cfg.lr_decay)
+    log = logger.Logger(cfg, state, recorded, dist.is_main, schedule, default_project="rl")
     if dist.is_main:
         write_text_atomic(out_dir / "config.json", json.dumps(recorded, indent=2) + "\n")
         log.print(f"rl.py {cfg.method} from {start} | {model.num_params() / 1e6:.2f}M parameters | "
                   f"world size {dist.world_size} | {device}"
-                  + (f"\n{lora.summary(model)}" if lora.is_applied(model) else ""))
-    stop = distributed.StopFlag().install()
+                  + "".join(f"\n{line}" for line in (lora.summary(model) if lora.is_applied(model)
+                                                     else None, cropped) if line))
+    stop, last = distributed.StopFlag().install(), None
     try:
         while True:
-            if state.iter_num % cfg.eval_interval == 0 or state.iter_num == cfg.max_iters:
-                if state.last_eval_iter != state.iter_num:
-                    pass1, mean_reward = evaluate(model, chat, held_prompts, cfg, dist, device,
-                                                  reward)
-                    rec = {"kind": "rl_eval", "iter": state.iter_num, "pass1": pass1,
-                           "mean_reward": mean_reward}
-                    if cfg.method == "dpo":
-                        rec["margin"], rec["pair_accuracy"] = pair_margins(
-                            model, chat, eval_pairs, cfg, dist, device, reference)
-                    log.record(rec, line=" | ".join(
-                        [f"eval {state.iter_num}"] + [f"{k} {v:.4f}" for k, v in rec.items()
-                                                      if k not in ("kind", "iter")]))
-                    improved = pass1 > state.best_pass1
-                    state.pass1, state.last_eval_iter = pass1, state.iter_num
-                    state.best_pass1 = max(state.best_pass1, pass1)
-                    saver.after_eval(state, improved, always_save=True)
+            due = state.iter_num % cfg.eval_interval == 0 or state.iter_num == cfg.max_iters
+            if due and state.last_eval_iter != state.iter_num:
+                last = evaluation(step, data, cfg, state.iter_num)
+                log.record(last, line=eval_line(last))
+                improved = last["pass1"] > state.best_pass1
+                state.pass1, state.last_eval_iter = last["pass1"], state.iter_num
+                state.best_pass1 = max(state.best_pass1, last["pass1"])
+                saver.after_eval(state, improved, always_save=True)
             if state.iter_num >= cfg.max_iters:
                 break
-            lr_scale = 1 - state.iter_num / cfg.max_iters if cfg.lr_decay else 1.0
+            lr_scale = schedule.lr_scale(state.iter_num)
             with log.clock.step():
                 if cfg.method == "grpo":
-                    chunks, mean_reward = grpo_batch(model, chat, train_prompts, cfg,
-                                                     state.iter_num, dist, device, reward,
-                                                     reference)
-                    for _ in range(cfg.updates_per_batch):
-                        loss, norm = update(model, optimizers, params, cfg, dist, lr_scale,
-                                            grpo_step, chunks, reference)
+                    loss, norm, reward = grpo_update(step, data.train, cfg, state.iter_num, lr_scale)
                 else:
-                    mine = [p for _, p in step_items(pairs, cfg.pairs_per_step, cfg,
-                                                     state.iter_num, dist)]
-                    chunks = pair_chunks(chat, mine, cfg, device,
-                                         total=min(cfg.pairs_per_step, len(pairs)))
-                    loss, norm = update(model, optimizers, params, cfg, dist, lr_scale,
-                                        dpo_step, chunks, reference)
-                    mean_reward = math.nan
+                    loss, norm, reward = dpo_update(step, data.pairs, cfg, state.iter_num, lr_scale)
             state.train_time_s += log.clock.last_step_s  # the clocks count steps alone
             state.train_cpu_s += log.clock.last_step_cpu_s
             if state.iter_num % cfg.log_interval == 0:  # the step's index, as train.py logs
-                log.record({"kind": "rl_train", "iter": state.iter_num, "loss": loss,
-                            "reward": mean_reward, "grad_norm": norm,
-                            "lr": cfg.learning_rate * lr_scale,
-                            "ms_per_iter": 1000 * log.clock.last_step_s,
-                            "train_cpu_s": state.train_cpu_s},
-                           line=f"step {state.iter_num}/{cfg.max_iters} | loss {loss:.4f} | "
-                                f"reward {mean_reward:.3f} | norm {norm:.2f} | "
-                                f"{1000 * log.clock.last_step_s:.0f} ms")
+                rec = {"kind": "rl_train", "iter": state.iter_num, "loss": loss, "reward": reward,
+                       "grad_norm": norm, "lr": cfg.learning_rate * lr_scale,
+                       "ms_per_iter": 1000 * log.clock.last_step_s, "train_cpu_s": state.train_cpu_s}
+                rec = {k: v for k, v in rec.items() if v is not None}  # DPO: no reward
+                log.record(rec, line=train_line(rec, cfg.max_iters))
             state.iter_num += 1
             if distributed.any_rank(stop.raised, dist, device):
                 saver.save("ckpt", state)
@@ -635,8 +730,7 @@ def run(cfg, data, dist, device):
         stop.uninstall()
         log.close()
     if dist.is_main:
-        log.print(f"done: {state.iter_num} steps, best pass@1 {state.best_pass1:.4f}, checkpoints "
-                  f"in {out_dir} ({logger.format_duration(time.monotonic() - start_time)})")
+        log.print(done_line(state, last, out_dir, time.monotonic() - start_time))
     return 0
 
 

@@ -233,7 +233,7 @@ def main(argv=None):
     if cfg.chat:  # a conversation instead of samples
         system = unescape(cfg.system) if cfg.system else None
         session = chat_session.Session(model, tokenizer, system)
-        path = prepare_for_generating(model, cfg, device)
+        path = prepare_for_generating(model, cfg.dtype, device, cfg.cpu_decode, cfg.compile)
         if sys.stdin.isatty():  # from a pipe, stderr carries only a mistake's one line
             print(f"{summary}\n{path}", file=sys.stderr)
         return chat_session.talk(session, cfg, device, sys.stdin, write)
@@ -243,7 +243,7 @@ def main(argv=None):
         raise UserError(f"--layer {cfg.layer} does not exist: this model has layers 0 to "
                         f"{model.config.n_layer - 1}")
     # after the checks: a mistake's error is the only line printed
-    path = prepare_for_generating(model, cfg, device)
+    path = prepare_for_generating(model, cfg.dtype, device, cfg.cpu_decode, cfg.compile)
     print(f"{summary}\n{path}", file=sys.stderr)
 
     if cfg.attention is not None:

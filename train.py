@@ -49,6 +49,7 @@ from gptkit.train import settings
 from gptkit.train import setup
 from gptkit.train.checkpointer import Checkpointer, run_info
 from gptkit.train.out_dir import claim_out_dir
+from gptkit.train.step import clip_gradients, set_lr
 from gptkit.train.settings import MAX_SEED
 from model import GPTConfig
 
@@ -220,25 +221,6 @@ def train_step(step, it, lr_scale, stop):
     return loss, grad_norm, stops > 0
 
 
-def clip_gradients(model, max_norm):
-    """The global gradient norm (all ranks' shards under FSDP), after clipping it to
-    max_norm when max_norm > 0 (the norm returned is the one before clipping)."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if max_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor's total
-
-
-def set_lr(optimizers, scale):
-    """Set every group's rate to its peak rate ("base_lr", from optim.make_optimizers)
-    times `scale`, the schedule's factor (optim.lr_scale): Muon follows AdamW's schedule."""
-    for opt in optimizers:
-        for group in opt.param_groups:
-            group["lr"] = group["base_lr"] * scale
-
-
 class Forward:
     """model(x, y) through torch.compile, falling back to eager (with a warning naming
     the error) when compilation fails: a broken backend fails at the first forward
@@ -408,8 +390,8 @@ def run(model_cfg, cfg, dist, start_time):
         logger.trim_metrics(out_dir / "metrics.jsonl", state.iter_num)
     schedule = optim.Schedule(cfg, dev.type)  # to max_iters, or the time_budget if spent first
     mfu = logger.mfu_meter(model_cfg, dist.world_size, dev.name, dist.is_main, dev.dtype)
-    log = logger.Logger(cfg, state, recorded, dist.is_main, schedule, write_files=write,
-                        tokens_per_iter=batches.tokens_per_step(), mfu=mfu)
+    log = logger.Logger(cfg, state, recorded, dist.is_main, schedule, cfg.dataset,
+                        write_files=write, tokens_per_iter=batches.tokens_per_step(), mfu=mfu)
     model.report_fallback_to(log.compile_failed)  # compile fails at the first forward: logged
     if write:
         write_text_atomic(out_dir / "config.json", json.dumps(recorded, indent=2) + "\n")

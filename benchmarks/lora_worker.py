@@ -38,8 +38,8 @@ def tensor_mb(tensors):
 def main(shape, mode, device, block_size, batch_size, steps, out):
     from gptkit.models import lora
     from gptkit.train import optim
+    from gptkit.train.step import clip_gradients
     from model import GPT, GPTConfig
-    from train import clip_gradients
 
     torch.manual_seed(0)
     with torch.device(device):

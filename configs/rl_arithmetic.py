@@ -6,7 +6,8 @@
 #   python rl.py configs/rl_arithmetic.py
 #
 # Current figure: 43.5% -> 69.25% held-out pass@1 in 300 steps (~330 CPU s), 2026-12-06,
-# AMD EPYC, torch 2.13.0+cpu (BENCHMARKS.md). Why these sizes: benchmarks/LOG.md.
+# AMD EPYC Zen 4 (torch's AVX-512 kernels; its AVX2 ones: 24.5% -> 54.75%, docs/rl.md),
+# torch 2.13.0+cpu. Why these sizes: benchmarks/LOG.md.
 
 method = "grpo"
 init_from = "out-chat-arithmetic-200"

@@ -5,7 +5,8 @@
 #   python rl.py configs/rl_dpo_arithmetic.py
 #
 # Current figure: held-out reward margin 0 -> 0.2529 (74.5% of pairs ranked right), pass@1
-# 43.5% -> 42.0%, 2026-12-06, AMD EPYC, torch 2.13.0+cpu. Why beta 0.5: benchmarks/LOG.md.
+# 43.5% -> 42.0%, 2026-12-06, AMD EPYC Zen 4 (AVX-512 kernels; docs/rl.md), torch 2.13.0+cpu.
+# Why beta 0.5: benchmarks/LOG.md.
 
 method = "dpo"
 init_from = "out-chat-arithmetic-200"

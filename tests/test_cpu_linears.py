@@ -26,7 +26,6 @@ from gptkit.fast import int8_kernel
 from gptkit.generation.generate import cached_logits, generate_stream, prepare_for_generating
 from model import GPT, GPTConfig
 from repo import REPO
-from sample import SampleConfig
 from test_sample import CHARS, save_tiny
 from train_helpers import perturbed_model
 
@@ -170,7 +169,7 @@ def test_int8_with_a_huge_weight_samples_where_float32_does():
         model.transformer.h[0].mlp.c_proj.weight[3, 3] = 1e30
     for weights in ("float32", "int8"):
         net = copy.deepcopy(model)
-        prepare_for_generating(net, SampleConfig(dtype=weights, device="cpu"), CPU, note=lambda line: None)
+        prepare_for_generating(net, weights, CPU, note=lambda line: None)
         tokens = list(generate_stream(net, torch.tensor([[1, 2]]), 6, temperature=0.8, generator=torch.Generator()))
         assert len(tokens) == 6
 
@@ -184,7 +183,7 @@ def test_the_operations_the_fast_parts_need_are_in_this_pytorch():
 def test_a_missing_operation_falls_back_to_float32_in_one_line(monkeypatch):
     monkeypatch.delattr(torch, "_weight_int8pack_mm")
     model, said = model_for("gpt2"), []
-    header = prepare_for_generating(model, SampleConfig(dtype="int8", device="cpu"), CPU, note=said.append)
+    header = prepare_for_generating(model, "int8", CPU, note=said.append)
     assert said == ["decode: this PyTorch has no torch._weight_int8pack_mm for --dtype int8: model.py's float32 "
                     "products run instead"]
     assert "9 nn.Linear replaced by NumPyLinear" in header
@@ -200,7 +199,7 @@ def test_a_model_py_that_reads_a_linear_as_the_parts_do_not_allow_gets_nn_linear
         return forward(x)
 
     mlp.forward = edited
-    header = prepare_for_generating(model, SampleConfig(dtype="float32", device="cpu"), CPU, note=said.append)
+    header = prepare_for_generating(model, "float32", CPU, note=said.append)
     assert said == ["decode: gptkit/fast/cpu_linears.py's parts put back to nn.Linear (c_fc is not an nn.Linear): "
                     "model.py runs as written"]
     assert header == "decode: model.py's forward with its KV cache (no nn.Linear swapped)"
@@ -218,7 +217,7 @@ def test_int8_parts_keep_the_cache_where_their_rounding_moves_the_logits():
 
     torch.manual_seed(1337)
     model, said = GPT(GPTConfig()).eval(), []
-    prepare_for_generating(model, SampleConfig(dtype="int8", device="cpu"), CPU, note=said.append)
+    prepare_for_generating(model, "int8", CPU, note=said.append)
     assert type(model.transformer.h[0].mlp.c_fc) is cpu_linears.Int8Linear and not said
     # (generate.cache_check(model), run on the parts, says "its logits differ by 0.017" here: their rounding)
     assert generate.cache_differs(model, note=said.append) is None and not said
@@ -241,7 +240,7 @@ def test_generating_warns_of_nothing(recwarn):
         model = model_for("quick start")
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            prepare_for_generating(model, SampleConfig(dtype=weights, device="cpu"), CPU, note=print)
+            prepare_for_generating(model, weights, CPU, note=print)
             list(generate_stream(model, torch.tensor([[1, 2]]), 4, temperature=0))
 
 
@@ -285,7 +284,7 @@ def test_int8_without_the_parts_and_off_a_cpu_is_refused_in_one_line(sharp):
 @pytest.mark.parametrize("block_size", [1, 2])
 def test_a_context_too_short_for_the_check_still_gets_its_parts_and_samples(block_size):
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=16, block_size=block_size, vocab_size=5)).eval()
-    header = prepare_for_generating(model, SampleConfig(device="cpu"), CPU, note=print)
+    header = prepare_for_generating(model, "auto", CPU, note=print)
     assert "5 nn.Linear replaced by NumPyLinear" in header
     assert len(list(generate_stream(model, torch.tensor([[1]]), 6, temperature=0, shift_context=True))) == 6
 
@@ -342,7 +341,7 @@ def test_the_int8_kernel_computes_its_formula_written_out(rows, width, bias, ker
 
 def test_the_int8_products_are_named_in_the_header_and_fall_back_in_one_line(monkeypatch, tmp_path):
     kernel_or_skip()
-    header = prepare_for_generating(model_for("gpt2"), SampleConfig(dtype="int8", device="cpu"), CPU, note=print)
+    header = prepare_for_generating(model_for("gpt2"), "int8", CPU, note=print)
     kernel = int8_kernel.load()[0]
     assert header.endswith(f"; int8 products: gptkit/fast/int8_kernel.c on one thread ({kernel.isa})")
     monkeypatch.setenv("CC", "false")  # a compiler that fails: torch's product, said in the header
@@ -350,7 +349,7 @@ def test_the_int8_products_are_named_in_the_header_and_fall_back_in_one_line(mon
     int8_kernel.load.cache_clear()
     try:
         model = model_for("gpt2")
-        header = prepare_for_generating(model, SampleConfig(dtype="int8", device="cpu"), CPU, note=print)
+        header = prepare_for_generating(model, "int8", CPU, note=print)
         assert re.search(r"; int8 products: torch._weight_int8pack_mm \(gptkit/fast/int8_kernel.c not used: "
                          r"`false` "
                          r"failed to build it \(no message\) \(remembered: remove \S+\.failed to try again\)\)$", header)

@@ -108,8 +108,8 @@ from gptkit.generation.generate import cached_logits, prepare_for_generating
 from gptkit.models.loading import load_model
 for decode, dtype in ((True, "float32"), (False, "float32"), ("int8", "int8")):
     net = load_model("resume", f"{out}-fused", None, "data", None)[0]
-    cfg = sample.SampleConfig(cpu_decode=True if decode == "int8" else decode, device="cpu", dtype=dtype)
-    prepare_for_generating(net, cfg, torch.device("cpu"), note=print)
+    prepare_for_generating(net, dtype, torch.device("cpu"), cpu_decode=True if decode == "int8" else decode,
+                           note=print)
     result[f"logits_{decode}"] = cached_logits(net, torch.tensor([[1, 2, 3, 4]])).flatten().tolist()
 # a chat model of the same architecture: the trained weights and 4 turn tokens
 from gptkit.ops.checkpoint import load_checkpoint, save_checkpoint

@@ -6,6 +6,7 @@ GPT taught the arithmetic template for a few dozen steps (replies of digits and 
 
 import dataclasses
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -210,6 +211,7 @@ def test_rewards():
     assert rl_data.final_number("so 3+4 = 7 #### 7", "7") == 1.0
     assert rl_data.final_number("1,234 apples", "1234") == 1.0
     assert rl_data.final_number("7 then 8", "7") == 0.0 and rl_data.final_number("none", "7") == 0.0
+    assert rl_data.final_number("7", "no number") == 0.0  # an answer without a number rewards nothing
 
 
 @pytest.mark.parametrize("line, says", [
@@ -258,8 +260,139 @@ def test_a_reward_that_raises_is_one_line_and_writes_nothing(tmp_path, capsys, c
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
+# rl.py's settings that train.py has too, refused as train.py refuses them (the same
+# function, gptkit/train/settings.py), each with the words of train.py's message
+SHARED_REFUSALS = [
+    ({"grad_clip": "-1"}, "grad_clip=-1.0 must be a finite number, not negative"),
+    ({"learning_rate": "-1e-3"}, "learning_rate=-0.001 must be a finite number, not negative"),
+    ({"learning_rate": "nan"}, "learning_rate=nan must be a finite number, not negative"),
+    ({"muon_lr": "inf"}, "muon_lr=inf must be a finite number, not negative"),
+    ({"learning_rate": "0.5", "weight_decay": "2"}, "learning_rate x weight_decay = 1 must be below 1"),
+    ({"beta2": "1"}, "beta2=1.0 must be in [0, 1)"),
+    ({"seed": str(10**22)}, "seed=10000000000000000000000 must be between 0 and"),
+    ({"seed": "-1"}, "seed=-1 must be between 0 and"),
+    ({"lora_rank": "-2"}, "lora_rank=-2 must not be negative"),
+    ({"lora_dropout": "1"}, "lora_dropout=1.0 must be in [0, 1)"),
+]
+
+
+@pytest.mark.parametrize("values, says", SHARED_REFUSALS + [
+    ({"temperature": "nan"}, "temperature=nan must be a number > 0"),
+    ({"temperature": "inf"}, "temperature=inf must be a number > 0"),
+    ({"top_k": "-1"}, "top_k=-1 must be at least 1"),
+    ({"top_k": "0"}, "top_k=0 must be at least 1"),
+    ({"beta": "nan"}, "beta and clip_eps must be numbers > 0"),
+    ({"kl_coef": "inf"}, "kl_coef >= 0"),
+    ({"too_long": "cut"}, "too_long"),
+])
+def test_a_bad_setting_is_one_line_before_anything_is_read(tmp_path, capsys, chat_ckpt, values, says):
+    out = tmp_path / "out"
+    code = run_rl(args(chat_ckpt, out, *(f"--{k}={v}" for k, v in values.items())))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and says in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("values, says", SHARED_REFUSALS)
+def test_train_py_refuses_the_shared_settings_alike(values, says):
+    """The rule is train.py's own: TrainConfig refuses each in the same words."""
+    import train
+
+    typed = {k: type(getattr(train.TrainConfig(), k))(v) for k, v in values.items()}
+    with pytest.raises(ValueError, match=re.escape(says)):
+        train.TrainConfig(**typed)
+
+
+def test_every_settings_help_is_one_line_of_source():
+    """A help text split over lines wraps into orphan fragments ("a ", "also "): each is one."""
+    import ast
+
+    split = [f"rl.py:{node.lineno}" for node in ast.walk(ast.parse((REPO / "rl.py").read_text()))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setting"
+             and node.args[1].lineno != node.args[1].end_lineno]
+    assert split == []
+
+
+def long_prompt_files(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt": "What is 1+1?", "answer": "2"}\n')
+    long = tmp_path / "long.jsonl"
+    long.write_text('{"prompt": "What is 1+1?", "answer": "2"}\n'
+                    + json.dumps({"prompt": "What is " + "1+" * 20 + "1?", "answer": "21"}) + "\n")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": "What is 1+1?", "chosen": "2", "rejected": "3"}) + "\n"
+                     + json.dumps({"prompt": "What is " + "1+" * 20 + "1?", "chosen": "21",
+                                   "rejected": "22"}) + "\n")
+    return good, long, pairs
+
+
+@pytest.mark.parametrize("method", ["grpo", "dpo"])
+def test_a_prompt_or_pair_past_the_block_is_refused_or_cropped(tmp_path, capsys, chat_ckpt, method):
+    """Block 32: a prompt of 50 characters is refused in one line naming its file and
+    line (exit 2, nothing written), or with --too_long=crop trains on its last tokens."""
+    good, long, pairs = long_prompt_files(tmp_path)
+    data = ([f"--task={long}", f"--eval_task={good}"] if method == "grpo" else
+            ["--method=dpo", f"--pairs={pairs}", f"--eval_pairs={pairs}", "--pairs_per_step=2"])
+    out = tmp_path / "refused"
+    assert run_rl(args(chat_ckpt, out, *data, "--max_iters=2")) == 2
+    err = capsys.readouterr().err.strip()
+    where = f"{long if method == 'grpo' else pairs}:2: "
+    assert err.startswith(f"error: {where}") and "block of 32" in err and len(err.splitlines()) == 1
+    assert not (out / "ckpt.pt").exists() and not (out / "metrics.jsonl").exists()
+    out = tmp_path / "cropped"
+    assert run_rl(args(chat_ckpt, out, *data, "--max_iters=2", "--too_long=crop")) == 0
+    printed = capsys.readouterr().out
+    assert f"too_long=crop: 1 prompts or pairs lose their oldest tokens" in printed and where[:-2] in printed
+    assert len(records(out, "rl_train")) == 2
+
+
+def test_a_reply_longer_than_the_block_is_refused_even_cropping(tmp_path, capsys, chat_ckpt):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": "What is 1+1?", "chosen": "2" * 40, "rejected": "3"}) + "\n")
+    assert run_rl(args(chat_ckpt, tmp_path / "out", "--method=dpo", f"--pairs={pairs}", "--too_long=crop")) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{pairs}:1: " in err and err.endswith(": shorten the reply") and len(err.splitlines()) == 1
+    assert run_rl(args(chat_ckpt, tmp_path / "out2", "--max_new_tokens=40", "--too_long=crop")) == 2
+    err = capsys.readouterr().err
+    assert "max_new_tokens (40)" in err and err.strip().endswith(": lower --max_new_tokens")
+
+
+@pytest.mark.parametrize("where", ["task", "eval_task", "pairs"])
+def test_a_character_outside_the_vocabulary_names_file_and_line(tmp_path, capsys, chat_ckpt, where):
+    good, _, _ = long_prompt_files(tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    if where == "pairs":
+        bad.write_text(json.dumps({"prompt": "What is 1+1?", "chosen": "2", "rejected": "3"}) + "\n"
+                       + json.dumps({"prompt": "What is 1+1?", "chosen": "2", "rejected": "3%"}) + "\n")
+        data = ["--method=dpo", f"--pairs={bad}"]
+    else:
+        bad.write_text('{"prompt": "What is 1+1?", "answer": "2"}\n{"prompt": "What is 1%1?", "answer": "0"}\n')
+        data = [f"--task={bad}", f"--eval_task={good}"] if where == "task" else [f"--eval_task={bad}"]
+    out = tmp_path / "out"
+    assert run_rl(args(chat_ckpt, out, *data)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {bad}:2: ") and "'%'" in err and len(err.splitlines()) == 1
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_resuming_after_a_kill_keeps_every_record_of_rl_pys_kinds(tmp_path, chat_ckpt):
+    """A run killed after its checkpoint at step 2 (the kill leaves a step-2 record and a
+    cut line behind), resumed to step 4: its metrics.jsonl reads as the run never killed,
+    the evaluation at step 2 (written before that checkpoint) kept."""
+    cut, whole = tmp_path / "cut", tmp_path / "whole"
+    assert run_rl(args(chat_ckpt, cut, "--max_iters=2", "--lr_decay=false")) == 0
+    with open(cut / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "rl_train", "iter": 2, "loss": 9.0}) + "\n" + '{"kind": "rl_ev')
+    assert run_rl(args(chat_ckpt, cut, "--max_iters=4", "--lr_decay=false")[1:] + ["--init_from=resume"]) == 0
+    assert run_rl(args(chat_ckpt, whole, "--max_iters=4", "--lr_decay=false")) == 0
+    for kind in ("rl_eval", "rl_train"):
+        drop = lambda rs: [{k: v for k, v in r.items() if k not in ("ms_per_iter", "train_cpu_s")} for r in rs]
+        assert drop(records(cut, kind)) == drop(records(whole, kind))
+    assert [r["iter"] for r in records(cut, "rl_eval")] == [0, 2, 4]
+
+
 # --------------------------------------------------------------------------- runs
-def test_dpo_raises_the_margin_of_its_pairs(tmp_path, chat_ckpt):
+def test_dpo_raises_the_margin_of_its_pairs(tmp_path, chat_ckpt, capsys):
     """DPO on a few pairs (right vs wrong sums), every step all of them: the margin against
     the reference (0 before any step: the policy is the reference) and the share of pairs
     ranked right rise, the loss falls below log 2."""
@@ -275,6 +408,10 @@ def test_dpo_raises_the_margin_of_its_pairs(tmp_path, chat_ckpt):
     assert last["margin"] > 0.2 and last["pair_accuracy"] >= 0.75
     losses = [r["loss"] for r in records(out, "rl_train")]
     assert losses[0] == pytest.approx(0.6931, abs=1e-3) and losses[-1] < 0.6
+    printed = capsys.readouterr().out.splitlines()
+    steps = [line for line in printed if line.startswith("step ")]
+    assert len(steps) == 8 and not any("reward" in line for line in steps)  # DPO samples none
+    assert f"the trained model: pass@1 {last['pass1']:.4f}, held-out margin {last['margin']:.4f}" in printed[-1]
 
 
 def test_lora_run_saves_adapters_and_its_reference_is_the_start(tmp_path, chat_ckpt):
@@ -352,23 +489,81 @@ def test_two_gloo_ranks_equal_one_process(tmp_path, chat_ckpt):
         r["reward"] for r in records(one, "rl_train")]
 
 
-def test_gsm8k_by_name_downloads_once_from_its_publisher(tmp_path, monkeypatch):
-    """GSM8K's files in its authors' layout, served on 127.0.0.1: read by name, cached, then
-    read offline; a failed download is one line naming the URL and what to pass instead."""
+# Real-looking replies to a question whose GSM8K answer ends "#### <gold>", and whether
+# each is right: currency, commas, decimals, negatives, units, a trailing period, several
+# numbers (the last counts), GSM8K's own "#### N" (what follows it counts).
+GSM8K_REPLIES = [
+    ("She earned $10.00.", "10", True), ("She earned $10.", "10", True),
+    ("10 dollars", "10", True), ("The answer is 10", "10", True), ("It is 10.50 now", "10.5", True),
+    ("so 1,000 apples", "1000", True), ("1,000 + 200 = 1,200", "1200", True),
+    ("1,000 + 200 = 1,200", "1000", False), ("It falls to -3 degrees.", "-3", True),
+    ("It falls 3 degrees.", "-3", False), ("3 + 4 = 7 #### 7", "7", True),
+    ("#### 7 because 3 + 4 = 7 and 8", "7", False), ("3 + 4 = 7 ####", "7", False),
+    ("seven", "7", False), ("", "7", False), ("0.5 of 20 is 10", "10", True),
+    ("He has 12.75 left", "12.75", True), ("$1,205.00 in total", "1205", True),
+]
+
+
+def gsm8k_rows(golds):
+    return [{"question": "What is 2+2?", "answer": f"2 + 2 = <<2+2=4>>4\n#### {gold}"} for gold in golds]
+
+
+def test_the_reward_is_the_evaluation_on_gsm8k_replies(tmp_path, chat_ckpt, monkeypatch):
+    """GSM8K's answer rule is one function: each reply scores the same as rl.py's
+    final_number reward (the answer read from a GSM8K-layout prompt file) and as eval.py
+    --tasks gsm8k (the item read from the same rows, the reply standing in for the model's)."""
+    from gptkit.evals import report_card, task_scoring, tasks
+    from gptkit.evals.evaluation import Settings, load_candidate
+
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in gsm8k_rows(g for _, g, _ in GSM8K_REPLIES)))
+    prompts = rl_data.read_prompts(path)
+    items = tasks.read_task(tasks.TASKS["gsm8k"], path)
+    candidate = load_candidate(str(chat_ckpt))
+    settings = Settings(torch.device("cpu"), torch.float32, progress=False)
+    for (reply, gold, right), prompt, item in zip(GSM8K_REPLIES, prompts, items):
+        monkeypatch.setattr(task_scoring, "generate_greedy", lambda *a, reply=reply: reply)
+        line = report_card.score_task(candidate, tasks.TASKS["gsm8k"], [item], settings)
+        assert line["items"] == 1 and line["acc"] == float(right), reply
+        assert rl_data.final_number(reply, prompt.answer) == float(right), reply
+
+
+@pytest.mark.parametrize("answer", ["4\n####", "4\n####   ", "4 #### four"])
+def test_a_gsm8k_answer_without_its_number_is_one_line_naming_file_and_line(tmp_path, answer):
+    """Nothing (or no number) after "####" would reward a reply that writes no number:
+    refused at load by both readers, naming the file and the line."""
+    from gptkit.evals import tasks
+
+    path = tmp_path / "g.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in gsm8k_rows(["4"]) + [
+        {"question": "What is 2+2?", "answer": answer}]))
+    for read in (rl_data.read_prompts, lambda p: tasks.read_task(tasks.TASKS["gsm8k"], p)):
+        with pytest.raises(rl_data.UserError) as e:
+            read(path)
+        message = str(e.value)
+        assert str(path) in message and ("2:" in message or "line 2" in message)
+        assert "after \"####\", not a number" in message and "\n" not in message
+
+
+def test_gsm8k_by_name_is_eval_pys_download_once(tmp_path, monkeypatch):
+    """GSM8K's files as the Hub serves them, on 127.0.0.1: rl.py's train and test prompts
+    come from eval.py's cache (one download), then offline; a failed download is one
+    line naming the URL and what to pass instead."""
     import functools
     import http.server
     import threading
 
-    served = tmp_path / "served"
-    served.mkdir()
-    for split, (q, a) in (("train", ("Ann has 2 apples and buys 3. How many?", "2 + 3 = 5\n#### 5")),
-                          ("test", ("Bo has 1,000 and spends 1. Left?", "1000 - 1 = 999\n#### 999"))):
-        (served / f"{split}.jsonl").write_text(json.dumps({"question": q, "answer": a}) + "\n")
+    from gptkit.evals import tasks
+    from task_files import write_rows
+
+    served = tmp_path / "hub"
+    for split, gold in (("train", "5"), ("test", "1,000")):
+        task = tasks.gsm8k_split(split)
+        write_rows(served / "datasets" / task.repo / "resolve" / "main" / task.file, gsm8k_rows([gold]))
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/{{split}}.jsonl"
-    monkeypatch.setattr(rl_data, "GSM8K_URL", url)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
     monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path / "cache"))
     try:
         train = rl_data.named_prompts("gsm8k", "train")
@@ -376,9 +571,12 @@ def test_gsm8k_by_name_downloads_once_from_its_publisher(tmp_path, monkeypatch):
     finally:
         server.shutdown()
         server.server_close()
-    assert [p.answer for p in train] == ["5"] and [p.answer for p in held] == ["999"]
-    assert rl_data.final_number("She has 999 left. #### 999", held[0].answer) == 1.0
+    assert [p.answer for p in train] == ["5"] and [p.answer for p in held] == ["1000"]
+    assert held[0].messages == [{"role": "user", "content": "What is 2+2?"}]
+    cached = tasks.resolve_file(tasks.TASKS["gsm8k"])  # eval.py's file: the one rl.py fetched
+    assert cached.parent == tmp_path / "cache" / "tasks" / "gsm8k"
+    assert [it.gold for it in tasks.read_task(tasks.TASKS["gsm8k"], cached)] == ["1000"]
     assert rl_data.named_prompts("gsm8k", "val") == held  # the cached copy, server gone
-    (tmp_path / "cache" / "gsm8k" / "train.jsonl").unlink()
-    with pytest.raises(rl_data.UserError, match=r"could not download GSM8K from http://127\.0\.0\.1"):
+    (cached.parent / tasks.gsm8k_split("train").file.rsplit("/", 1)[1]).unlink()
+    with pytest.raises(rl_data.UserError, match=r"could not download GSM8K from http://127\.0\.0\.1.*--task "):
         rl_data.named_prompts("gsm8k", "train")

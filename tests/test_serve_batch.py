@@ -330,7 +330,7 @@ def test_model_py_as_written_batches_as_it_runs_alone_for_every_variant_and_part
         for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(8)
-    prepare_for_generating(model, dataclasses.replace(BASE, cpu_decode=True, dtype=dtype), torch.device("cpu"),
+    prepare_for_generating(model, dtype, torch.device("cpu"), cpu_decode=True,
                            note=lambda line: None)
     assert batching_differs(model, torch.device("cpu")) is None
     for block in model.transformer.h:  # every query sees every column: another row's padding too

@@ -6,7 +6,7 @@ chosen and a rejected reply (DPO), each read whole and checked before any work.
 
 Prompts: `arithmetic` (the held-out sums of data/arithmetic_chat's val split are the
 evaluation's, the others the training's), `gsm8k` (GSM8K's train and test files,
-downloaded once into $GPTKIT_CACHE_DIR/gsm8k or ~/.cache/gptkit/gsm8k), or a jsonl file,
+read and downloaded as eval.py --tasks gsm8k reads them, gptkit/tasks.py), or a jsonl file,
 one prompt a line, as
 `{"prompt": "What is 2+2?", "answer": "4"}` or `{"messages": [...], "answer": "4"}`;
 GSM8K's own layout `{"question": ..., "answer": "... #### 72"}` is read too (the
@@ -20,14 +20,12 @@ Pairs, in the layouts TRL and the Hugging Face datasets use:
 
 import json
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from gptkit.data.chat import check_conversation
+from gptkit.evals import tasks
 from gptkit.ops.errors import UserError
-from gptkit.ops.paths import cache_dir
-from gptkit.prepare.download import fetch_whole
 from gptkit.prepare.arithmetic import SEED, held_out_sums
 
 MAX_FILE_BYTES = 1 << 30
@@ -37,6 +35,7 @@ MAX_FILE_BYTES = 1 << 30
 class Prompt:
     messages: list  # the conversation so far; the model writes the next assistant turn
     answer: str  # what a right reply says (exact) or ends with (final_number)
+    where: str = ""  # "FILE:LINE" (or the task's item) for an error to name
 
 
 @dataclass
@@ -44,40 +43,45 @@ class Pair:
     messages: list  # the conversation before the two replies
     chosen: str
     rejected: str
+    where: str = ""
 
 
 def arithmetic_prompts(split):
     """The sums of arithmetic_chat as prompts: split "train" (those its training
     conversations ask) or "val" (the held-out ones, in a fixed order)."""
     held, seen = held_out_sums(random.Random(SEED))
-    return [Prompt([{"role": "user", "content": f"What is {a}+{b}?"}], str(a + b))
-            for a, b in (held if split == "val" else seen)]
+    return [Prompt([{"role": "user", "content": f"What is {a}+{b}?"}], str(a + b),
+                   f"arithmetic's {split} sum {n}") for n, (a, b) in enumerate(held if split == "val" else seen, 1)]
 
 
-# GSM8K as its authors publish it (the grade-school-math repository): one jsonl per split.
-GSM8K_URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{split}.jsonl"
-GSM8K_BYTES = 100 << 20  # the most a download may bring (train.jsonl has about 4 MB)
-
-
-def gsm8k_file(split):
-    """GSM8K's `split` (train or test) file, downloaded once into the cache folder."""
-    folder = cache_dir("gsm8k")
-    path = folder / f"{split}.jsonl"
-    if path.is_file():
-        return path
-    folder.mkdir(parents=True, exist_ok=True)
-    fetch_whole(GSM8K_URL.format(split=split), path, GSM8K_BYTES, "GSM8K", hint=(
-        f". Offline? Fetch {split}.jsonl elsewhere and pass it as --task (train) or --eval_task (test)"))
-    return path
+def arithmetic_pairs(split, seed):
+    """Right vs wrong replies to the sums of arithmetic_chat's split (train or val): the
+    wrong one off by 1 or 10, a near miss as a small model makes."""
+    rng = random.Random(seed)
+    pairs = []
+    for p in arithmetic_prompts(split):
+        right = int(p.answer)
+        wrong = right + rng.choice([d for d in (-10, -1, 1, 10) if right + d >= 0])
+        pairs.append(Pair(p.messages, p.answer, str(wrong), p.where))
+    return pairs
 
 
 def named_prompts(name, split):
-    """The prompts of a named task's split ("train" or "val"), else of the jsonl file `name`."""
+    """The prompts of a named task's split ("train" or "val"), else of the jsonl file `name`.
+    GSM8K's come from eval.py's reader and download (gptkit/evals/tasks.py): one copy, one rule."""
     if name == "arithmetic":
         return arithmetic_prompts(split)
     if name == "gsm8k":
-        return read_prompts(gsm8k_file("train" if split == "train" else "test"))
+        split = "train" if split == "train" else "test"
+        return [Prompt([{"role": "user", "content": item.question}], item.gold, item.where)
+                for item in tasks.read_task(tasks.gsm8k_split(split), gsm8k_path(split))]
     return read_prompts(name)
+
+
+def gsm8k_path(split):
+    """GSM8K's `split` file ("train" or "test") in eval.py's cache, downloaded there once."""
+    where = "--task" if split == "train" else "--eval_task"
+    return tasks.resolve_file(tasks.gsm8k_split(split), instead=f"pass a .jsonl of its rows as {where}")
 
 
 def read_jsonl(path, what):
@@ -106,18 +110,17 @@ def read_items(path, what, parse):
     items = []
     for n, obj in read_jsonl(path, what):
         try:
-            items.append(parse(obj))
+            item = parse(obj)
         except UserError as e:
             raise UserError(f"{path}:{n}: {e}")
+        item.where = f"{path}:{n}"
+        items.append(item)
     return items
 
 
 def read_prompts(path):
     """Prompts of a jsonl file (see the module's docstring)."""
     return read_items(path, "prompts", parse_prompt)
-
-
-GSM8K_MARK = "####"  # GSM8K's answers end with "#### 72"
 
 
 def parse_prompt(obj):
@@ -127,8 +130,8 @@ def parse_prompt(obj):
     if not isinstance(answer, (str, int, float)) or isinstance(answer, bool) or not str(answer).strip():
         raise UserError('no "answer" (the text a right reply must give)')
     answer = str(answer)
-    if GSM8K_MARK in answer:
-        answer = answer.rsplit(GSM8K_MARK, 1)[1]
+    if tasks.ANSWER_MARK in answer:  # GSM8K's layout: the number after "####", as eval.py reads it
+        answer = tasks.gsm8k_gold(answer)
     text = obj.get("prompt", obj.get("question"))
     if isinstance(text, str) and text.strip():
         messages = [{"role": "user", "content": text}]
@@ -188,24 +191,15 @@ def text_of(value, field):
 
 
 # Rewards: a function of the reply's text and the prompt's answer, 1.0 right, 0.0 wrong.
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
 def exact(reply, answer):
     """The reply is the answer (surrounding spaces aside): the arithmetic task."""
     return float(reply.strip() == answer)
 
 
 def final_number(reply, answer):
-    """The reply's last number (after "####" if it writes one, GSM8K's own way) is the
-    answer's: how nanochat and GSM8K's paper score a worked solution."""
-    if GSM8K_MARK in reply:
-        reply = reply.rsplit(GSM8K_MARK, 1)[1]
-    numbers = NUMBER.findall(reply)
-    want = NUMBER.findall(answer)
-    if not numbers or not want:
-        return 0.0
-    return float(numbers[-1].replace(",", "") == want[-1].replace(",", ""))
+    """The reply's last number (after "####" if it writes one) is the answer's: GSM8K's
+    scoring, the very function eval.py --tasks gsm8k scores with (tasks.number_is_right)."""
+    return float(tasks.number_is_right(reply, answer))
 
 
 REWARDS = {"exact": exact, "final_number": final_number}

@@ -22,7 +22,7 @@ import torch
 
 from gptkit.evals import task_scoring as ts
 from gptkit.ops.errors import UserError
-from gptkit.evals.tasks import normal_number, random_baseline
+from gptkit.evals.tasks import normal_number, number_is_right, random_baseline
 
 
 def first_best(values):
@@ -149,7 +149,7 @@ def score_task(candidate, task, items, settings, batch_rows=32, bar=None):
         texts = answer(model, tok, scored, T, settings.device, settings.autocast,
                        on_item=bar.update if bar is not None else None)
         picks = [normal_number(text) for text in texts]
-        line["acc"] = _mean(p == it.gold for p, it in zip(picks, scored))
+        line["acc"] = _mean(number_is_right(text, it.gold) for text, it in zip(texts, scored))
         line["metric"] = "acc"
     line["items"], line["skipped"], line["skipped_why"] = len(scored), skips.count, skips.why()
     line["random"] = random_baseline(task, scored if scored else items)

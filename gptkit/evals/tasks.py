@@ -26,7 +26,7 @@ A file fetched by name is kept in $GPTKIT_CACHE_DIR/tasks/NAME/ (default
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gptkit.ops.errors import UserError
@@ -84,6 +84,14 @@ SETS = {
 }
 
 
+def gsm8k_split(split):
+    """GSM8K's `split` ("train" or "test") as a task: the same dataset, file layout and
+    cache folder as eval.py's (its test split), so that rl.py's prompts and eval.py's
+    items come from one download."""
+    task = TASKS["gsm8k"]
+    return replace(task, file=task.file.replace("test-", f"{split}-"))
+
+
 def parse_names(text):
     """The task names of --tasks: names and set names, comma-separated, in order, once each."""
     names = []
@@ -111,8 +119,9 @@ def parse_files(pairs):
     return files
 
 
-def resolve_file(task, given=None, hub_url=None):
-    """The file to read for `task`: `given`, or the cached copy, fetched when missing."""
+def resolve_file(task, given=None, hub_url=None, instead=None):
+    """The file to read for `task`: `given`, or the cached copy, fetched when missing.
+    `instead` says what to pass when the download fails (eval.py's --task_file)."""
     if given is not None:
         if not given.exists():
             raise UserError(f"{task.title} file {given} does not exist: pass {task.file.rsplit('/', 1)[-1]} "
@@ -124,8 +133,9 @@ def resolve_file(task, given=None, hub_url=None):
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    instead = instead or f"pass it: --task_file {task.name}=PATH"
     fetch_whole(task.url(hub_url), path, TASK_FILE_BYTES, task.title, hint=(
-        f". Offline? Fetch the file elsewhere and pass it: --task_file {task.name}=PATH (or copy it to {path})"))
+        f". Offline? Fetch the file elsewhere and {instead} (or copy it to {path})"))
     return path
 
 
@@ -258,25 +268,41 @@ def lambada(row, where):
     return Item(where, [(context, " " + word)], word)
 
 
-ANSWER_MARK = "####"
+ANSWER_MARK = "####"  # GSM8K's worked answers end with "#### 72"
 
 
 def gsm8k(row, where):
     question = _text(row, "question", where)
-    answer = _text(row, "answer", where)
-    if ANSWER_MARK not in answer:
-        raise UserError(f'{where}: "answer" has no "{ANSWER_MARK} NUMBER" at its end')
-    gold = normal_number(answer.rsplit(ANSWER_MARK, 1)[1])
-    if gold is None:
-        raise UserError(f'{where}: "answer" ends in {answer.rsplit(ANSWER_MARK, 1)[1].strip()!r}, not a number')
+    try:
+        gold = gsm8k_gold(_text(row, "answer", where))
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from None
     return Item(where, [(f"Question: {question}\nAnswer:", "")], gold, question)
+
+
+def gsm8k_gold(answer):
+    """The gold number of a GSM8K answer: what follows its "####" mark, normalised as a
+    reply's number is (normal_number). An answer without the mark, or with nothing but
+    words after it, is refused: it would reward every reply that writes no number."""
+    if ANSWER_MARK not in answer:
+        raise UserError(f'"answer" has no "{ANSWER_MARK} NUMBER" at its end')
+    tail = answer.rsplit(ANSWER_MARK, 1)[1]
+    gold = normal_number(tail)
+    if gold is None:
+        raise UserError(f'"answer" ends in {tail.strip()!r} after "{ANSWER_MARK}", not a number')
+    return gold
 
 
 NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
 
 
 def normal_number(text):
-    """The last number in text with its commas gone and a trailing .0 dropped; None when there is none."""
+    """GSM8K's answer rule: the last number in text (after its last "####" where it writes
+    one, GSM8K's own way), dollar signs and commas gone, a decimal's trailing zeros dropped
+    ("$1,205.00." -> "1205"); None when there is none. eval.py --tasks gsm8k and rl.py's
+    final_number reward both score with it (number_is_right)."""
+    if ANSWER_MARK in text:
+        text = text.rsplit(ANSWER_MARK, 1)[1]
     found = NUMBER.findall(text.replace("$", ""))
     if not found:
         return None
@@ -284,6 +310,14 @@ def normal_number(text):
     if "." in number:
         number = number.rstrip("0").rstrip(".")
     return number
+
+
+def number_is_right(reply, gold):
+    """Whether a reply to a GSM8K question is right: its number (normal_number) is the
+    gold one's. The one scorer of GSM8K (as nanochat's tasks/gsm8k.py, whose reward
+    re-uses its evaluation): eval.py's accuracy and rl.py's reward."""
+    want = normal_number(gold)
+    return want is not None and normal_number(reply) == want
 
 
 READERS = {"arc_easy": arc, "arc_challenge": arc, "piqa": piqa, "winogrande": winogrande, "hellaswag": hellaswag,

@@ -176,30 +176,30 @@ def generate_stream(
             return
 
 
-def fast_weights(cfg, device):
+def fast_weights(dtype, device, cpu_decode=True, compile=False):
     """Which of gptkit/fast/cpu_linears.py's parts go into the model, or None: on a CPU, unless
     --compile or --cpu_decode false: float16 or int8 copies of the matrices as --dtype
     says, else NumPy's float32 product on the same weights."""
-    if device.type != "cpu" or cfg.compile or not cfg.cpu_decode or cfg.dtype == "bfloat16":
+    if device.type != "cpu" or compile or not cpu_decode or dtype == "bfloat16":
         return None  # bfloat16: the model is cast, weights and arithmetic
-    return cfg.dtype if cfg.dtype in ("float16", "int8") else "float32"
+    return dtype if dtype in ("float16", "int8") else "float32"
 
 
 def say(line):
     print(line, file=sys.stderr)
 
 
-def prepare_for_generating(model, cfg, device, note=say):
-    """Cast `model` to cfg.dtype on `device` and, on a CPU, swap gptkit/fast/cpu_linears.py's
-    faster products into it (once: a model already prepared is left as it is).
-    Returns the header line naming what runs each new token."""
-    dtype = inference_dtype(cfg.dtype, device)  # int8 off a CPU: refused
-    if cfg.dtype == "int8" and fast_weights(cfg, device) is None:
+def prepare_for_generating(model, dtype, device, cpu_decode=True, compile=False, note=say):
+    """Cast `model` to `dtype` (--dtype) on `device` and, on a CPU, swap gptkit/fast/cpu_linears.py's
+    faster products into it (once: a model already prepared is left as it is), unless
+    --cpu_decode false or --compile. Returns the header line naming what runs each new token."""
+    cast = inference_dtype(dtype, device)  # int8 off a CPU: refused
+    weights = fast_weights(dtype, device, cpu_decode, compile)
+    if dtype == "int8" and weights is None:
         raise UserError("--dtype int8 is gptkit/fast/cpu_linears.py's Int8Linear: leave out "
                         "--cpu_decode false and --compile")
-    weights = fast_weights(cfg, device)
-    model.to(device=device, dtype=torch.float32 if weights else dtype)
-    if cfg.compile:
+    model.to(device=device, dtype=torch.float32 if weights else cast)
+    if compile:
         return "decode: model.py's forward through torch.compile (gptkit/fast/compiled_decode.py)"
     if weights is None:
         return "decode: model.py's forward with its KV cache"

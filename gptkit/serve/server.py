@@ -112,7 +112,6 @@ def batch_size_that_runs(model, device, max_batch, header):
 def serve(model, tokenizer, summary, cfg, device, model_name, sock):
     """Run the server on the listening socket `sock` (from bind) until SIGINT or SIGTERM; 0 then."""
     from gptkit.generation.generate import prepare_for_generating
-    from gptkit.serve import api
     from gptkit.serve.app import Mailboxes, build_app, run_server
     from gptkit.serve.guard import allowed_host_names, parse_allowed_hosts
     from gptkit.serve.worker import Worker
@@ -121,10 +120,7 @@ def serve(model, tokenizer, summary, cfg, device, model_name, sock):
     block = model.config.block_size
     max_tokens = block if cfg.max_tokens is None else cfg.max_tokens
     chat = chat_vocabulary(model.config.vocab_size, tokenizer.vocab_size)
-    defaults = api.Sampling(max_new_tokens=1, temperature=0.0, top_k=None, top_p=None, min_p=None,
-                            repetition_penalty=1.0, stop=None, seed=0, compile=False,
-                            cpu_decode=cfg.cpu_decode, dtype=cfg.dtype)
-    path = prepare_for_generating(model, defaults, device)  # the weights' dtype, the CPU's parts
+    path = prepare_for_generating(model, cfg.dtype, device, cfg.cpu_decode)  # weights' dtype, CPU's parts
     path, max_batch = batch_size_that_runs(model, device, cfg.max_batch, path)
     mailboxes = Mailboxes()
     worker = Worker(model, tokenizer, device, cfg.queue_size, max_batch, around_step=mailboxes.step)

@@ -202,6 +202,20 @@ def all_reduce_sum(tensor, dist):
     return tensor
 
 
+def sum_gradients(params, dist):
+    """Sum every rank's gradients of `params` in one flattened all-reduce (rl.py's updates,
+    whose losses are divided by the global count already); a parameter without a gradient
+    counts as zeros, so that every rank sends the same layout."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if not dist.enabled:
+        return
+    flat = all_reduce_sum(torch.cat([p.grad.flatten() for p in params]), dist)
+    for p, summed in zip(params, flat.split([p.numel() for p in params])):
+        p.grad.copy_(summed.view_as(p.grad))
+
+
 def any_rank(flag, dist, device):
     """True on every rank when `flag` is true on at least one."""
     if not dist.enabled:

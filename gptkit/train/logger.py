@@ -86,9 +86,11 @@ def _json_safe(value):
     return value
 
 
-def trim_metrics(path, resume_iter):
+def trim_metrics(path, resume_iter, eval_kind="eval"):
     """Drop records past a resume point (written after the checkpoint, before a kill),
-    so the file reads as one continuous run. Atomic, like a checkpoint."""
+    so the file reads as one continuous run. The evaluation at the resume point itself
+    (kind `eval_kind`: rl.py's is "rl_eval") came before its checkpoint: it stays.
+    Atomic, like a checkpoint."""
     path = Path(path)
     if not path.is_file():
         return
@@ -99,7 +101,7 @@ def trim_metrics(path, resume_iter):
         except json.JSONDecodeError:
             continue  # a line cut short by a kill
         it = rec.get("iter", -1)
-        if (rec.get("kind") == "eval" and it <= resume_iter) or it < resume_iter:
+        if (rec.get("kind") == eval_kind and it <= resume_iter) or it < resume_iter:
             kept.append(line)
     write_text_atomic(path, "".join(line + "\n" for line in kept))
 
@@ -165,7 +167,8 @@ class Logger:
     `mfu(tokens_per_s)` gives the model FLOPs utilisation of this rank's share of a
     step's tokens, or None where no peak is known."""
 
-    def __init__(self, cfg, state, run_config, enabled, schedule, write_files=True, tokens_per_iter=0, mfu=None):
+    def __init__(self, cfg, state, run_config, enabled, schedule, default_project, write_files=True,
+                 tokens_per_iter=0, mfu=None):
         self.enabled = enabled
         self.run_config, self.write_files = run_config, write_files
         self.config_path = Path(cfg.out_dir) / "config.json"
@@ -174,8 +177,8 @@ class Logger:
         self.bar = None
         self.wandb = None
         self.metrics = None
-        self.schedule = schedule  # for the ETA (optim.Schedule)
-        self.total_iters = None if cfg.time_budget else cfg.max_iters  # a budget's steps are not known
+        self.schedule = schedule  # for the ETA and the number of steps (optim.Schedule, or rl.py's)
+        self.total_iters = schedule.total_iters  # None: a time budget's steps are not known
         self.step_seconds = collections.deque(maxlen=ETA_WINDOW)  # the latest steps' durations, for the ETA
         self.steps_timed = 0
         self.pace_from = None  # (steps, budget seconds) after the process's first step
@@ -184,7 +187,7 @@ class Logger:
             return
         out_dir, start_iter = cfg.out_dir, state.iter_num
         if cfg.wandb_log and write_files:  # first: a wandb failure leaves no files behind
-            self.wandb = start_wandb(cfg, run_config)
+            self.wandb = start_wandb(cfg, run_config, default_project)
         if write_files:
             # A resumed run continues its own log (trimmed to the checkpoint); any
             # other run starts one: metrics.jsonl always holds exactly one run.
@@ -284,7 +287,7 @@ class Logger:
         steps, spent = self.state.iter_num + 1, self.schedule.spent_s(self.state)  # this step counted
         if self.steps_timed == 1:
             self.pace_from = (steps, spent)
-        elif self.steps_timed == 1 + PACE_STEPS:
+        elif self.steps_timed == 1 + PACE_STEPS and steps > self.pace_from[0]:  # the loop moved iter_num
             pace = (spent - self.pace_from[1]) / (steps - self.pace_from[0])
             note = self.schedule.budget_warmup_note(steps, spent, pace)
             if note is not None:
@@ -373,14 +376,15 @@ def check_wandb_ready():
     )
 
 
-def start_wandb(cfg, run_config):
+def start_wandb(cfg, run_config, default_project):
     """A wandb run; WANDB_MODE=offline writes it under ./wandb without a network.
     The API key stays in the environment (WANDB_API_KEY), never in a setting or a log.
-    Project and run names default to the dataset and the out_dir's name."""
+    Project and run names default to default_project (train.py: the dataset's name) and
+    the out_dir's name."""
     check_wandb_ready()
     import wandb
 
-    project = cfg.wandb_project or cfg.dataset
+    project = cfg.wandb_project or default_project
     name = cfg.wandb_run_name or Path(cfg.out_dir).resolve().name
     try:
         return wandb.init(project=project, name=name, config=run_config)

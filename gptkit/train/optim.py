@@ -76,6 +76,7 @@ class Schedule:
 
     def __init__(self, cfg, device_type):
         self.cfg, self.cpu = cfg, device_type == "cpu"
+        self.total_iters = None if cfg.time_budget else cfg.max_iters  # a budget's steps are not known
 
     def spent_s(self, state):
         return state.train_cpu_s if self.cpu else state.train_time_s

@@ -5,8 +5,9 @@ number of ranks too (sizes no machine holds, accumulation that the ranks cannot 
     TrainConfig(max_iters=-1)   # ValueError: invalid training settings: max_iters=-1 must not be negative
     check_world_size(cfg, 64)   # UserError naming gradient_accumulation_steps and a fix
 
-train.py's TrainConfig calls `check` from its __post_init__; `check_world_size` and
-`check_batch_sizes` run in its main before anything else (on every rank alike).
+train.py's TrainConfig calls `check` from its __post_init__, rl.py's RLConfig
+`trainer_problems` (the same rules, not a copy); train.py's main runs
+`check_world_size` and `check_batch_sizes` before anything else (on every rank alike).
 """
 
 import dataclasses
@@ -50,21 +51,11 @@ def check(cfg):
     for name in ("eval_iters", "max_iters", "warmup_iters", "lr_decay_iters"):
         if getattr(cfg, name) < 0:
             problems.append(f"{name}={getattr(cfg, name)} must not be negative")
-    for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "muon_lr", "muon_weight_decay"):
-        value = getattr(cfg, name)
-        if not math.isfinite(value) or value < 0:
-            problems.append(f"{name}={value} must be a finite number, not negative")
+    problems += trainer_problems(cfg, numbers=(*OPTIMIZER_NUMBERS, "min_lr", "muon_weight_decay"),
+                                 decays=(*OPTIMIZER_DECAYS, ("muon_lr", "muon_weight_decay")))
     if not math.isfinite(cfg.time_budget) or cfg.time_budget < 0:
         problems.append(f"time_budget={cfg.time_budget} must be a finite number of seconds, not negative "
                         "(0 = off)")
-    # Decoupled weight decay multiplies each decayed weight by 1 - lr * decay every step
-    # (AdamW's and Muon's alike): at 1 the weights are zeroed, above it their signs flip.
-    for lr, decay in (("learning_rate", "weight_decay"), ("muon_lr", "muon_weight_decay")):
-        product = getattr(cfg, lr) * getattr(cfg, decay)
-        if math.isfinite(getattr(cfg, lr)) and math.isfinite(getattr(cfg, decay)) and product >= 1:
-            problems.append(f"{lr} x {decay} = {product:g} must be below 1: decoupled weight decay "
-                            f"multiplies each weight by 1 - {product:g} every step, which zeroes it or "
-                            "flips its sign; lower one of them")
     if cfg.muon_weight_decay > 0 and cfg.optimizer != "muon":
         problems.append(f"muon_weight_decay={cfg.muon_weight_decay} decays Muon's matrices, but "
                         f"optimizer={cfg.optimizer}: set weight_decay (AdamW's) instead")
@@ -74,11 +65,6 @@ def check(cfg):
     if cfg.muon_cautious_wd and cfg.muon_weight_decay == 0:
         problems.append("muon_cautious_wd=true chooses where Muon's weight decay acts, but "
                         "muon_weight_decay=0: set one above 0")
-    for name in ("beta1", "beta2", "muon_momentum"):
-        if not 0 <= getattr(cfg, name) < 1:
-            problems.append(f"{name}={getattr(cfg, name)} must be in [0, 1)")
-    if not 0 <= cfg.seed <= MAX_SEED:
-        problems.append(f"seed={cfg.seed} must be between 0 and {MAX_SEED}")
     decays = cfg.decay_lr and cfg.lr_schedule != "constant"
     if decays and cfg.min_lr == 0 and cfg.lr_decay_iters < cfg.max_iters:
         problems.append(
@@ -90,9 +76,39 @@ def check(cfg):
         problems.append(f"cooldown_frac={cfg.cooldown_frac} must be in [0, 1]")
     if not cfg.init_from:
         problems.append("init_from must not be empty")
-    problems += lora_problems(cfg)
     if problems:
         raise ValueError("invalid training settings: " + "; ".join(problems))
+
+
+OPTIMIZER_NUMBERS = ("learning_rate", "weight_decay", "grad_clip", "muon_lr")
+OPTIMIZER_DECAYS = (("learning_rate", "weight_decay"),)
+
+
+def trainer_problems(cfg, numbers=OPTIMIZER_NUMBERS, decays=OPTIMIZER_DECAYS):
+    """The settings every command that trains shares, as train.py checks them (TrainConfig;
+    rl.py's RLConfig, which holds these same fields): rates, decays and the clip finite and
+    not negative, decoupled decay below 1, betas in [0, 1), the seed in range, LoRA's
+    settings (lora_problems). `numbers` and `decays` name the fields to check; train.py
+    adds its own (min_lr, Muon's weight decay)."""
+    problems = []
+    for name in numbers:
+        value = getattr(cfg, name)
+        if not math.isfinite(value) or value < 0:
+            problems.append(f"{name}={value} must be a finite number, not negative")
+    # Decoupled weight decay multiplies each decayed weight by 1 - lr * decay every step
+    # (AdamW's and Muon's alike): at 1 the weights are zeroed, above it their signs flip.
+    for lr, decay in decays:
+        product = getattr(cfg, lr) * getattr(cfg, decay)
+        if math.isfinite(getattr(cfg, lr)) and math.isfinite(getattr(cfg, decay)) and product >= 1:
+            problems.append(f"{lr} x {decay} = {product:g} must be below 1: decoupled weight decay "
+                            f"multiplies each weight by 1 - {product:g} every step, which zeroes it or "
+                            "flips its sign; lower one of them")
+    for name in ("beta1", "beta2", "muon_momentum"):
+        if not 0 <= getattr(cfg, name) < 1:
+            problems.append(f"{name}={getattr(cfg, name)} must be in [0, 1)")
+    if not 0 <= cfg.seed <= MAX_SEED:
+        problems.append(f"seed={cfg.seed} must be between 0 and {MAX_SEED}")
+    return problems + lora_problems(cfg)
 
 
 def lora_problems(cfg):

@@ -1,4 +1,5 @@
-"""Every download outside the corpora -- GPT-2's weights, the eval tasks, GSM8K, Tiny Shakespeare --
+"""Every download outside the corpora -- GPT-2's weights, the eval tasks (GSM8K's splits among them,
+rl.py's too), Tiny Shakespeare --
 goes through gptkit/prepare/download.py's fetch_whole. Each site, against a stand-in server on
 127.0.0.1 that misbehaves on demand (tests/hub_server.py), ends in one line that names the URL and
 what the server did, and leaves nothing at its destination."""
@@ -35,8 +36,8 @@ class Site:
         served = f"{hub.url}/datasets/{self.repo}/resolve/main/"
         if self.name == "gpt2":
             monkeypatch.setattr(hf_gpt2, "HUB_URL", f"{hub.url}/datasets/openai-community/{{name}}/resolve/main/{{file}}")
-        elif self.name == "gsm8k":
-            monkeypatch.setattr(rl_data, "GSM8K_URL", served + "{split}.jsonl")
+        elif self.name == "gsm8k":  # rl.py's GSM8K: eval.py's task file, from the Hub
+            monkeypatch.setenv("HF_ENDPOINT", hub.url)
         elif self.name == "shakespeare":
             monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_URL", served + self.path)
             monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_SHA256", hashlib.sha256(BODY).hexdigest())
@@ -45,10 +46,8 @@ class Site:
     def set_cap(self, monkeypatch, cap):
         if self.name == "gpt2":
             monkeypatch.setitem(hf_gpt2.HUB_FILE_BYTES, "config.json", cap)
-        elif self.name == "tasks":
+        elif self.name in ("tasks", "gsm8k"):
             monkeypatch.setattr(tasks, "TASK_FILE_BYTES", cap)
-        elif self.name == "gsm8k":
-            monkeypatch.setattr(rl_data, "GSM8K_BYTES", cap)
         else:  # Tiny Shakespeare's cap is its known size
             monkeypatch.setattr(prepare_shakespeare, "SHAKESPEARE_BYTES", cap)
 
@@ -58,20 +57,20 @@ class Site:
         if self.name == "tasks":
             return tasks.resolve_file(tasks.TASKS["piqa"], hub_url=hub.url)
         if self.name == "gsm8k":
-            return rl_data.gsm8k_file("test")
+            return rl_data.gsm8k_path("test")  # what rl.py --task gsm8k calls
         return prepare_shakespeare.shakespeare_input(tmp_path / "data" / "shakespeare_char", None)
 
     def dest(self, tmp_path):
         return {"gpt2": tmp_path / "gpt2_cache" / "gpt2" / "config.json",
                 "tasks": tmp_path / "cache" / "tasks" / "piqa" / self.path,
-                "gsm8k": tmp_path / "cache" / "gsm8k" / self.path,
+                "gsm8k": tmp_path / "cache" / "tasks" / "gsm8k" / self.path.rsplit("/", 1)[-1],
                 "shakespeare": tmp_path / "data" / "shakespeare_char" / "input.txt"}[self.name]
 
 
 SITES = [
     Site("gpt2", "gpt2", "openai-community/gpt2", "config.json"),
     Site("tasks", "PIQA", "baber/piqa", "piqa_validation.parquet"),
-    Site("gsm8k", "GSM8K", "openai/gsm8k", "test.jsonl"),
+    Site("gsm8k", "GSM8K", "openai/gsm8k", "main/test-00000-of-00001.parquet"),
     Site("shakespeare", "Tiny Shakespeare", "karpathy/tinyshakespeare", "input.txt"),
 ]
 

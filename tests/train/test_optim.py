@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from gptkit.train import optim
+from gptkit.train.step import set_lr
 from model import GPT, GPTConfig
-from train import TrainConfig, set_lr
+from train import TrainConfig
 
 
 def cfg(**kw):

@@ -404,7 +404,8 @@ def test_the_eta_follows_the_mean_of_recent_steps_not_the_last_one():
 
     cfg = SimpleNamespace(out_dir="unused", log_interval=1, max_iters=1000, wandb_log=False, init_from="scratch",
                           progress_bar=False, time_budget=0.0)
-    log = logger.Logger(cfg, RunState(), {}, enabled=False, schedule=optim.Schedule(cfg, "cpu"))
+    log = logger.Logger(cfg, RunState(), {}, enabled=False, schedule=optim.Schedule(cfg, "cpu"),
+                        default_project="unused")
     log.advance(30.0)  # the first step compiles: not the pace
     assert log.seconds_per_iter == 30.0
     for _ in range(logger.ETA_WINDOW):
