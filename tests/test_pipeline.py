@@ -15,6 +15,7 @@ import pytest
 from repo import REPO, SHAKESPEARE, reset_sigint
 from task_files import write_task
 
+from gptkit.ops.errors import UserError
 from gptkit.pipeline import runner
 from gptkit.pipeline.stages import STAGES
 
@@ -194,3 +195,17 @@ def test_each_corpus_becomes_our_bpe_trained_on_its_text(tmp_path, monkeypatch):
     monkeypatch.delenv("TINYSHAKESPEARE")
     assert commands("shakespeare")[0] == ["shakespeare_char", f"--data_dir={tmp_path / 'data'}"]
     assert commands(str(tmp_path / "books")) == [["--input", str(tmp_path / "books"), *bpe]]
+
+
+def test_a_training_stage_resumed_after_its_last_step_keeps_the_figures_of_the_try_before():
+    """Ctrl-C after train.py's last step: the next try resumes a finished run, which prints only
+    its closing line; the eval line comes from the stage's log of the try before."""
+    from gptkit.pipeline.stages import trained
+
+    first = "eval 20 | train loss 1.5000 | val loss 1.6000 | val bpb 2.0000\nstopped by SIGINT at iteration 20\n"
+    again = "resumed from run/pretrain/ckpt.pt at iteration 20\ndone: 20 iterations, best val loss 1.6000, ...\n"
+    log = f"=== attempt 1\n{first}=== attempt 2\n{again}"
+    assert trained(again, log) == {"iterations": 20, "train_loss": 1.5, "val_loss": 1.6, "best_val_loss": 1.6,
+                                   "val_bpb": 2.0}
+    with pytest.raises(UserError, match="closing 'done:' line"):
+        trained(first, log)  # stopped: not finished

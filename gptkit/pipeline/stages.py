@@ -150,11 +150,14 @@ EVAL_LINE = re.compile(r"^eval (\d+) \| train loss ([\d.]+) \| val loss ([\d.]+)
 DONE_LINE = re.compile(r"^done: (\d+) iterations, best val loss ([\d.]+)", re.M)
 
 
-def trained(text):
-    """train.py's last eval line and its closing line: the figures of a finished run."""
-    done, evals = DONE_LINE.findall(text), EVAL_LINE.findall(text)
-    if not done or not evals:
+def trained(text, log):
+    """train.py's closing line (in `text`, this try's output) and its last eval line (in the
+    stage's whole `log`: a try resumed after the last step evaluates nothing)."""
+    done, evals = DONE_LINE.findall(text), EVAL_LINE.findall(log)
+    if not done:
         raise UserError("train.py ended without its closing 'done:' line")
+    if not evals:
+        raise UserError("train.py printed no eval line")
     step, train_loss, val_loss, bpb = evals[-1]
     figures = {"iterations": int(done[-1][0]), "train_loss": float(train_loss), "val_loss": float(val_loss),
                "best_val_loss": float(done[-1][1])}
@@ -180,7 +183,7 @@ def sft_commands(run):
 
 
 def training_figures(run, outputs, log):
-    return trained(outputs[-1])
+    return trained(outputs[-1], log)
 
 
 # ---------------------------------------------------------------- the report card
@@ -248,9 +251,9 @@ def rl_commands(run):
 def rl_figures(run, outputs, log):
     """pass@1 on held-out sums (greedy replies), before RL (rl.py's eval at step 0: the SFT
     model) and after; a resumed run's step-0 eval is in the stage's log from its first try."""
-    evals, done = RL_EVAL.findall(outputs[-1]), RL_DONE.findall(outputs[-1])
+    evals, done = RL_EVAL.findall(log), RL_DONE.findall(outputs[-1])
     if not done or not evals:
-        raise UserError("rl.py ended without its closing 'done:' line")
+        raise UserError("rl.py ended without its closing 'done:' line, or printed no eval line")
     before = [float(p) for step, p, _ in RL_EVAL.findall(log) if step == "0"]
     return {"steps": int(done[-1]), "exact_match_before": before[0] if before else None,
             "exact_match_after": float(evals[-1][1]), "mean_reward_after": float(evals[-1][2]),
