@@ -209,3 +209,13 @@ def test_a_training_stage_resumed_after_its_last_step_keeps_the_figures_of_the_t
                                    "val_bpb": 2.0}
     with pytest.raises(UserError, match="closing 'done:' line"):
         trained(first, log)  # stopped: not finished
+
+
+def test_a_ctrl_c_that_comes_while_a_command_starts_is_handed_to_it():
+    """The signal lands after the last check and before the child is known: it still reaches
+    the child (else a whole stage would run on after the Ctrl-C)."""
+    signals = runner.Signals()
+    signals.received = signal.SIGINT  # what the handler recorded, with no child to hand it to
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    signals.adopt(child)
+    assert child.wait(timeout=30) != 0  # KeyboardInterrupt, not 60 s of sleep

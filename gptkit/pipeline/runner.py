@@ -137,9 +137,17 @@ class Signals:
 
     def handle(self, signum, frame):
         self.received = signum
-        if self.child is not None and self.child.returncode is None:
+        self.forward()
+
+    def adopt(self, child):
+        """Hand signals to `child` from now on, and the one that came while it was being started."""
+        self.child = child
+        self.forward()
+
+    def forward(self):
+        if self.received is not None and self.child is not None and self.child.returncode is None:
             try:
-                os.killpg(self.child.pid, signum)  # its own session: the group is its pid
+                os.killpg(self.child.pid, self.received)  # its own session: the group is its pid
             except ProcessLookupError:
                 pass
 
@@ -161,7 +169,7 @@ def run_command(argv, log, progress, signals, remaining):
     started = time.monotonic()
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              start_new_session=True, env=env)
-    signals.child = child
+    signals.adopt(child)
     pieces = queue.Queue()
     threading.Thread(target=read_chunks, args=(child.stdout, pieces), daemon=True).start()
     text = []
