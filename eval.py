@@ -69,6 +69,10 @@ def parse_args(argv):
     parser.add_argument("--exact_match", action="store_true",
                         help="with a chat --dataset: also the share of its assistant replies written exactly (greedy, "
                         "given the conversation before each)")
+    parser.add_argument("--answers", choices=("calculator", "none"),
+                        help="with a chat --dataset: the share of its questions whose reply (greedy, as sample.py "
+                        "--chat writes it, tool calls run by the calculator or not: none) ends with the reference's "
+                        "final answer; --limit N asks the first N")
     parser.add_argument("--stride", type=int, help="tokens the window moves each step (default: each model's block_size)")
     parser.add_argument("--batch_size", type=int,
                         help="sequences per forward pass (default: 8 windows of text, 32 task answers)")
@@ -94,8 +98,10 @@ def parse_args(argv):
             problems.append(f"--{name} must be at least {low}, not {value}")
     if args.exact_match and not args.dataset:
         problems.append("--exact_match scores a chat dataset's replies: give --dataset NAME")
-    if (args.task_file or args.limit or args.hub_url) and not args.tasks:
-        problems.append("--task_file, --limit and --hub_url go with --tasks NAMES")
+    if args.answers and not args.dataset:
+        problems.append("--answers asks a chat dataset's questions: give --dataset NAME")
+    if (args.task_file or args.hub_url) and not args.tasks or (args.limit and not (args.tasks or args.answers)):
+        problems.append("--task_file, --limit and --hub_url go with --tasks NAMES (--limit with --answers too)")
     if problems:
         parser.error("; ".join(problems))
     return args
@@ -157,6 +163,12 @@ def main(argv=None):
         candidate = evaluation.load_candidate(spec, init_from)
         result = evaluation.evaluate_candidate(candidate, settings, texts, split, args.exact_match, task_items,
                                                args.batch_size or 32)
+        if args.answers:
+            from gptkit.evals.answers import answer_exact
+
+            exact, asked = answer_exact(candidate.model, candidate.tokenizer, args.data_dir, args.dataset, args.split,
+                                        args.answers, device, args.limit)
+            result.answers = {"tools": args.answers, "exact": exact, "questions": asked, "rate": exact / asked}
         print(candidate.summary, file=sys.stderr)  # after the checks: a mistake's error is the only line
         if result.score is not None:
             s = result.score
@@ -178,6 +190,10 @@ def main(argv=None):
         for result in results:
             if result.exact_match is not None:
                 print(evaluation.exact_match_lines(result))
+            if result.answers is not None:
+                a = result.answers
+                print(f"final answers, {result.name}: {a['exact']:,} of {a['questions']:,} exact ({a['rate']:.1%}), "
+                      f"tool calls run by: {a['tools']}")
         if task_items:
             from gptkit.evals.report_card import card_table
 

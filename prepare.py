@@ -17,7 +17,8 @@ from gptkit.ops.errors import quiet_start
 
 quiet_start()  # a Ctrl-C or a missing package while the imports below load: one line, no traceback
 from gptkit.ops.errors import ArgumentParser, UserError, run_main
-from gptkit.prepare.build import DOWNLOADED_CORPORA, NAMED_DATASETS, check_dataset_name, prepare_dataset
+from gptkit.prepare.build import (CONVERSATION_SETS, DOWNLOADED_CORPORA, NAMED_DATASETS, check_dataset_name,
+                                  prepare_dataset)
 from gptkit.prepare.named import prepare_named
 from gptkit.prepare.shakespeare import SHAKESPEARE_URL
 
@@ -38,7 +39,12 @@ examples:
       (with data/books/tokenizer.json); --tokenizer_from data/books reuses it for other text
   python prepare.py talks --input talks.jsonl --format chat [--tokenizer char|gpt2|bpe] [--block_size N]
       conversations, one {"messages": [...]} a line (or a folder of such files) -> data/talks
-      with a target mask per split (docs/chat.md); python prepare.py arithmetic_chat makes some
+      with a target mask per split (docs/chat.md); python prepare.py arithmetic_chat makes some,
+      multiply_tools and multiply_plain products with and without calculator calls, gsm8k_chat
+      GSM8K's worked answers with their annotations as calculator calls (downloaded, or --input FILE)
+  python prepare.py no_robots [--block_size N] [--shards N]
+      a public conversation set (no_robots, smoltalk) by name: its Parquet files downloaded as the
+      corpora's are, its messages prepared as chat data with GPT-2 BPE -> data/no_robots
   python prepare.py openwebtext
       OpenWebText (~9B tokens) as nanoGPT trains GPT-2 on: its Parquet files downloaded from the
       Hugging Face Hub into data/openwebtext/download, checked, tokenized with GPT-2 BPE
@@ -153,8 +159,9 @@ def main(argv=None):
         raise UserError(f"--format must be text or chat, got {args.format!r}")
     if args.format == "chat":
         return prepare_chat_command(args, progress)
-    if args.block_size is not None:
-        raise UserError("--block_size goes with --format chat (a text dataset is cut into windows by train.py)")
+    if args.block_size is not None and args.dataset not in CONVERSATION_SETS:
+        raise UserError("--block_size goes with --format chat or a conversation set (a text dataset is cut into "
+                        "windows by train.py)")
     if args.dataset is not None:
         check_dataset_name(args.dataset)
         own = (args.tokenizer, args.name, args.val_fraction, args.vocab_size, args.tokenizer_from, args.text_column)
@@ -164,7 +171,12 @@ def main(argv=None):
                 "--vocab_size, --tokenizer_from and --text_column go with --input for your own data"
             )
         amount = {k: v for k in ("sample", "shards", "base_url") if (v := getattr(args, k)) is not None}
-        if args.dataset in DOWNLOADED_CORPORA:
+        if args.dataset in CONVERSATION_SETS:
+            if args.input is not None or args.errors != "strict" or "sample" in amount:
+                raise UserError(f"{args.dataset} is downloaded whole (--shards N: its first N files; --block_size N: "
+                                "conversations that fit; the ones that do not are left out and counted)")
+            amount = {"shards": amount.get("shards"), "base": amount.get("base_url"), "block_size": args.block_size}
+        elif args.dataset in DOWNLOADED_CORPORA:
             if args.errors != "strict":
                 raise UserError(f"{args.dataset} is published as valid UTF-8: --errors goes with --input")
             if args.input is not None:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from gptkit.models import lora
 from gptkit.data import rl_data
 from gptkit.ops.checkpoint import load_checkpoint, write_text_atomic
-from gptkit.data.chat import prompt_ids, turn_ids
+from gptkit.data.chat import chat_vocabulary, prompt_ids, turn_ids
 from gptkit.config import parse_settings, setting, settings_dict, choice_problems
 from gptkit.ops.device import resolve_device
 from gptkit.ops.errors import UserError, run_main, same_on_every_rank
@@ -56,7 +56,7 @@ class RLConfig:
     out_dir: str = setting("out-rl", "folder for ckpt.pt, best.pt, config.json, metrics.jsonl")
     overwrite: bool = setting(False, "replace a run already in out_dir")
     # prompts with answers: GRPO's training prompts, and every evaluation's
-    task: str = setting("arithmetic", "arithmetic | gsm8k (with reward=final_number) | a .jsonl")
+    task: str = setting("arithmetic", "arithmetic | multiply | gsm8k (reward=final_number) | a .jsonl")
     eval_task: str | None = setting(None, "held-out prompts .jsonl (none: the task's held-out split)")
     reward: str = setting("exact", "exact (the reply is the answer) | final_number (GSM8K's rule)")
     eval_prompts: int = setting(200, "held-out prompts each evaluation answers")
@@ -133,7 +133,7 @@ class RLConfig:
             problems.append(f"label_smoothing={self.label_smoothing} must be in [0, 0.5)")
         if not (0 < self.beta < math.inf and 0 <= self.kl_coef < math.inf and 0 < self.clip_eps < math.inf):
             problems.append("beta and clip_eps must be numbers > 0, kl_coef >= 0")
-        if self.task not in ("arithmetic", "gsm8k") and self.eval_task is None:
+        if self.task not in ("arithmetic", "multiply", "gsm8k") and self.eval_task is None:
             problems.append(f"task={self.task} needs --eval_task, a .jsonl of held-out prompts")
         if self.init_from == "auto":
             problems.append("init_from=auto is train.py's: name the checkpoint, or resume")
@@ -305,13 +305,15 @@ class NonFinite(Exception):
 class Chat:
     """A chat model's tokens: prompts as the template gives them, replies back as text."""
 
-    def __init__(self, tokenizer, chat_entry, source, block_size):
+    def __init__(self, tokenizer, chat_entry, source, block_size, vocab_size):
         if not isinstance(chat_entry, dict):
             raise UserError(f"{source} is not a chat model (train it on a chat dataset first: "
                             "docs/chat.md)")
         self.tokenizer, self.base = tokenizer, tokenizer.vocab_size
         self.end = turn_ids(self.base)["<|end|>"]
         self.block_size = block_size
+        special = chat_vocabulary(vocab_size, self.base) or {}
+        self.tools = special if "<|call|>" in special else None  # a model trained on calculator calls
 
     def prompt(self, messages):
         return prompt_ids(messages, self.tokenizer.encode, self.base)
@@ -340,6 +342,12 @@ class Chat:
                 plain.append(t)
         return "".join(out) + self.tokenizer.decode(plain)
 
+    def final_text(self, tokens):
+        """What a reward reads: a tool model's reply after its last tool output, else the text."""
+        if self.tools is not None and self.tools["<|/output|>"] in tokens:
+            tokens = tokens[len(tokens) - tokens[::-1].index(self.tools["<|/output|>"]):]
+        return self.text(tokens)
+
 
 def padded(rows, masks, pad):
     """Lists of ids and of masks as (N, T) tensors, right-padded (mask 0) to the longest."""
@@ -359,6 +367,40 @@ def sample_replies(model, ids, n, temperature, top_k, max_new_tokens, end, gener
     for row in torch.stack(steps, 1).tolist():  # (n, R): after <|end|> it repeats
         out.append(row[: row.index(end) + 1] if end in row else row)
     return out
+
+
+def tool_replies(model, chat, prompts, temperature, top_k, max_new_tokens, generator):
+    """For a model with tool tokens: (replies, masks) to `prompts` (lists of ids), sampled
+    together as serve.py's batch rows are, each call the model closes run by the calculator
+    and its output forced in (gptkit/serve/batch.py). A reply's mask is 1 on the tokens the
+    model wrote and 0 on the forced ones: the tool's output carries no gradient."""
+    from types import SimpleNamespace
+
+    from gptkit.generation.generate import TextStream
+    from gptkit.serve.batch import Batch, Row
+
+    settings = SimpleNamespace(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=None,
+                               min_p=None, repetition_penalty=1.0, stop=None)
+    batch, rows = Batch(model, generator.device), []
+    for ids in prompts:
+        g = torch.Generator(device=generator.device)
+        g.manual_seed(int(torch.randint(2**62, (1,), generator=generator, device=generator.device)))
+        rows.append(Row(list(ids), settings, TextStream(chat.tokenizer, None, [chat.end]), g,
+                        lambda row, token, logprobs: None, tools=chat.tools))
+        batch.add(rows[-1])
+    while len(batch):
+        batch.step()
+    replies, masks = [], []
+    for ids, row in zip(prompts, rows):
+        reply, mask, calls = row.tokens[len(ids):], [], iter(row.calls)
+        while len(mask) < len(reply):
+            mask.append(1)
+            if reply[len(mask) - 1] == chat.tools["<|/call|>"] and (call := next(calls, None)) is not None:
+                mask += [0] * len(call["ids"])  # forced right after the call it answers
+        room = chat.block_size + 1 - len(ids)  # a training row holds block_size + 1 tokens
+        replies.append(reply[:room])
+        masks.append(mask[:room])
+    return replies, masks
 
 
 def generator_for(cfg, step, index, device):
@@ -381,16 +423,21 @@ def grpo_batch(model, chat, prompts, cfg, step, dist, device, reward, logprobs_o
     rows, masks, advantages, rewards = [], [], [], []
     for index, prompt in step_items(prompts, cfg.prompts_per_step, cfg, step, dist):
         ids = chat.fit(chat.prompt(prompt.messages), cfg.max_new_tokens)
-        replies = sample_replies(model, ids, cfg.group_size, cfg.temperature, cfg.top_k,
-                                 cfg.max_new_tokens, chat.end,
-                                 generator_for(cfg, step, index, device))
-        r = torch.tensor([scored(reward, cfg, chat.text(reply), prompt, f"prompt {index + 1}")
+        if chat.tools is not None:  # the calculator runs in the rollouts; its outputs are not learned
+            replies, reply_masks = tool_replies(model, chat, [ids] * cfg.group_size, cfg.temperature, cfg.top_k,
+                                                cfg.max_new_tokens, generator_for(cfg, step, index, device))
+        else:
+            replies = sample_replies(model, ids, cfg.group_size, cfg.temperature, cfg.top_k,
+                                     cfg.max_new_tokens, chat.end,
+                                     generator_for(cfg, step, index, device))
+            reply_masks = [[1] * len(reply) for reply in replies]
+        r = torch.tensor([scored(reward, cfg, chat.final_text(reply), prompt, f"prompt {index + 1}")
                           for reply in replies])
         a = r - r.mean()  # the group's mean is the baseline (GRPO; nanochat stops here)
         if cfg.advantage == "zscore":
             a = a / (r.std() + 1e-4)  # DeepSeekMath; TRL's epsilon
         rows += [ids + reply for reply in replies]
-        masks += [[0] * len(ids) + [1] * len(reply) for reply in replies]
+        masks += [[0] * len(ids) + mask for mask in reply_masks]
         advantages.append(a)
         rewards.append(r)
     model.train()
@@ -493,11 +540,16 @@ def evaluate(model, chat, prompts, cfg, dist, device, reward):
             idx = torch.tensor([ids for _, ids, _ in part], dtype=torch.long, device=device)
             g = torch.Generator(device=device).manual_seed(cfg.seed + length * 65_537 + s)
             for temperature in (0.0, cfg.temperature):
-                steps = list(generate_stream(model, idx, cfg.max_new_tokens,
-                                             temperature=temperature, top_k=cfg.top_k,
-                                             stop_tokens=[chat.end], generator=g))
-                for reply, (index, _, p) in zip(torch.stack(steps, 1).tolist(), part):
-                    r = scored(reward, cfg, chat.text(reply), p, f"held-out prompt {index + 1}")
+                if chat.tools is not None:
+                    replies, _ = tool_replies(model, chat, [ids for _, ids, _ in part], temperature, cfg.top_k,
+                                              cfg.max_new_tokens, g)
+                else:
+                    steps = list(generate_stream(model, idx, cfg.max_new_tokens,
+                                                 temperature=temperature, top_k=cfg.top_k,
+                                                 stop_tokens=[chat.end], generator=g))
+                    replies = torch.stack(steps, 1).tolist()
+                for reply, (index, _, p) in zip(replies, part):
+                    r = scored(reward, cfg, chat.final_text(reply), p, f"held-out prompt {index + 1}")
                     if temperature == 0:
                         right += float(r == 1.0)
                     else:
@@ -546,7 +598,7 @@ def load_start(cfg):
             _, tokenizer, _ = model_from_checkpoint(ckpt, path)
         else:
             model, tokenizer, _ = model_from_checkpoint(ckpt, path)
-        chat = Chat(tokenizer, ckpt.get("chat"), path, model.config.block_size)
+        chat = Chat(tokenizer, ckpt.get("chat"), path, model.config.block_size, model.config.vocab_size)
         return model, chat, ckpt, Path(ckpt["rl_start"])
     path = checkpoint_of(cfg.init_from)
     if path is None:
@@ -554,7 +606,7 @@ def load_start(cfg):
                         "folder)")
     ckpt = read_checkpoint(path)
     model, tokenizer, _ = model_from_checkpoint(ckpt, path)
-    chat = Chat(tokenizer, ckpt.get("chat"), path, model.config.block_size)
+    chat = Chat(tokenizer, ckpt.get("chat"), path, model.config.block_size, model.config.vocab_size)
     if cfg.lora_rank:
         targets = lora.parse_targets(cfg.lora_targets)
         lora.check_rank(model, cfg.lora_rank, targets)

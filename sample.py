@@ -131,6 +131,9 @@ class SampleConfig:
         "(gptkit/generation/chat_session.py, docs/chat.md)")
     system: str | None = setting(
         None, "with --chat: the system message that opens the conversation")
+    tools: str = setting(
+        "calculator", "with --chat, a model trained on tool calls: what its calls run, calculator "
+        "(its output forced into the reply) or none (the model writes on alone)")
     attention: str | None = setting(
         None, "draw every head's attention for the prompt into this PNG and exit")
     layer: int = setting(0, "which layer --attention draws")
@@ -166,6 +169,9 @@ class SampleConfig:
                              "leave out start, stop and attention (system sets a system message)")
         if self.system is not None and not self.chat:
             raise ValueError("system goes with chat=true")
+        if self.tools not in chat_session.TOOL_CHOICES:
+            choices = ", ".join(chat_session.TOOL_CHOICES)
+            raise ValueError(f"tools={self.tools!r} must be one of {choices}")
 
 
 def unescape(text):
@@ -232,7 +238,7 @@ def main(argv=None):
                                            cfg.meta)
     if cfg.chat:  # a conversation instead of samples
         system = unescape(cfg.system) if cfg.system else None
-        session = chat_session.Session(model, tokenizer, system)
+        session = chat_session.Session(model, tokenizer, system, tools=cfg.tools)
         path = prepare_for_generating(model, cfg.dtype, device, cfg.cpu_decode, cfg.compile)
         if sys.stdin.isatty():  # from a pipe, stderr carries only a mistake's one line
             print(f"{summary}\n{path}", file=sys.stderr)

@@ -75,6 +75,8 @@ class ServeConfig:
                                "(gptkit/fast/cpu_linears.py, as sample.py); false: nn.Linear as written")
     max_batch: int = setting(16, "the most replies generated together, one token each per step (a request "
                              "with n choices takes n); more wait in the queue")
+    tools: str = setting("calculator", "a chat model trained on tool calls: what its calls run, calculator (its "
+                         "output forced into the reply) or none (the model writes on alone)")
     stream_interval: float = setting(0.02, "the least seconds between two writes to a streaming client: the "
                                      "tokens made meanwhile go out in one write (the first token and the "
                                      "reply's end at once), less server CPU per token at many streams; 0: "
@@ -100,6 +102,8 @@ class ServeConfig:
         parse_allowed_hosts(self.allowed_hosts)
         if self.model_name == "":
             raise ValueError("model_name must not be empty")
+        if self.tools not in ("calculator", "none"):
+            raise ValueError(f"tools={self.tools!r} must be calculator or none")
 
 
 def model_name(cfg):

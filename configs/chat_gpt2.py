@@ -1,10 +1,9 @@
 # Fine-tune GPT-2 (124M) into a chat model on a public conversation set, Hugging Face's
-# No Robots (HuggingFaceH4/no_robots: 9,500 conversations written by people, in the
+# No Robots (HuggingFaceH4/no_robots: 10,000 conversations written by people, in the
 # {"messages": [...]} form). The turn tokens are added after GPT-2's 50,257 ids, their
 # rows starting at the mean of the embedding (docs/chat.md). Online, once:
 #
-#   python -c "from datasets import load_dataset as l; l('HuggingFaceH4/no_robots', split='train').select_columns(['messages']).to_json('no_robots.jsonl')"
-#   python prepare.py no_robots --input no_robots.jsonl --format chat --block_size 1024 --errors skip
+#   python prepare.py no_robots          # its Parquet files from the Hub; conversations over 1,025 tokens left out
 #   python train.py configs/chat_gpt2.py
 #   python sample.py --out_dir out-chat-gpt2 --chat --system "You are a helpful assistant."
 

@@ -65,3 +65,22 @@ def test_the_200_step_start_of_the_rl_recipes_is_in_the_docs_band(tmp_path):
     assert done.returncode == 0, done.stderr
     start = records_of(rl, "rl_eval")[0]
     assert start["iter"] == 0 and START_PASS1[0] <= start["pass1"] <= START_PASS1[1], start
+
+
+@pytest.mark.slow
+def test_the_calculator_recipe_answers_held_out_products_only_with_its_tool(tmp_path, capsys):
+    """configs/chat_multiply_tools.py at a fifth of its steps: products of two four-digit
+    numbers never asked in training, answered through the calculator (2,000 of 2,000 at the
+    recipe's 600 steps, 300 of 300 at 150: benchmarks/LOG.md); without it, none."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    assert train.main([str(REPO / "configs" / "chat_multiply_tools.py"), f"--data_dir={data}", f"--out_dir={out}",
+                       "--progress_bar=false", "--max_iters=120", "--eval_interval=120"]) == 0
+    rates = {}
+    for tools in ("calculator", "none"):
+        capsys.readouterr()
+        assert eval_script.main([str(out), f"--data_dir={data}", "--dataset=multiply_tools", "--answers", tools,
+                                 "--limit=150", "--max_tokens=2", "--json=-", "--no_progress"]) == 0
+        answers = json.loads(capsys.readouterr().out)["models"][0]["answers"]
+        assert answers["questions"] == 150 and answers["tools"] == tools
+        rates[tools] = answers["rate"]
+    assert rates["calculator"] >= 0.90 and rates["none"] < 0.20, rates

@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from gptkit.evals import scoring
-from gptkit.data.chat import TURN_TOKENS
 from gptkit.ops.errors import UserError
 
 PACK_STREAM = 0x9AC4  # the epochs' shuffles, apart from the batches' random stream
@@ -175,12 +174,13 @@ class ChatBatches:
         if eval_iters == 0:
             rows["val"] = np.arange(self.n_windows("val"))
         return scoring.EvalPlan(self.get, rows, self.batch_size, self.block_size,
-                        chat_byte_lengths(byte_lengths), autocast, dist, self.device)
+                        chat_byte_lengths(byte_lengths, self.vocab_size), autocast, dist, self.device)
 
     def close(self):
         pass
 
 
-def chat_byte_lengths(lengths):
-    """The tokenizer's bytes per id, and 0 for each turn token (they decode to no text)."""
-    return None if lengths is None else torch.cat([lengths, lengths.new_zeros(len(TURN_TOKENS))])
+def chat_byte_lengths(lengths, vocab_size):
+    """The tokenizer's bytes per id, and 0 for each special token up to vocab_size (turn and
+    tool tokens decode to no text)."""
+    return None if lengths is None else torch.cat([lengths, lengths.new_zeros(vocab_size - len(lengths))])

@@ -30,8 +30,8 @@ from gptkit.ops.untrusted import inside, read_regular, regular_size
 
 FORMAT_VERSION = 1
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
-AUTO_PREPARED = ("shakespeare_char", "shakespeare", "arithmetic_chat")  # names prepare.py can build by itself
-DOWNLOADED = ("openwebtext", "fineweb_edu")  # prepare.py downloads these (gigabytes): never on its own
+AUTO_PREPARED = ("shakespeare_char", "shakespeare", "arithmetic_chat", "multiply_tools", "multiply_plain")  # built by name
+DOWNLOADED = ("openwebtext", "fineweb_edu", "gsm8k_chat", "no_robots", "smoltalk")  # never train.py on its own
 MAX_META_BYTES = 64 << 20  # meta.json: a character vocabulary and the list of sources
 FULL_SCAN_BYTES = 1 << 30  # bins up to 1 GiB are checked whole at start-up (~0.1 s per 100 MB)
 
@@ -149,7 +149,7 @@ def load_meta(data_dir, name, block_size=None):
 def check_mask_file(folder, split, n_tokens, name):
     """A chat split's target mask: one uint8 per token (gptkit/prepare/chat.py)."""
     path = folder / f"{split}_mask.bin"
-    again = "python prepare.py arithmetic_chat" if name == "arithmetic_chat" else f"python prepare.py {name} --input FILE --format chat"
+    again = f"python prepare.py {name}" if name in AUTO_PREPARED else f"python prepare.py {name} --input FILE --format chat"
     try:
         size = regular_size(inside(folder, path.name, "the dataset file"), path)
     except FileNotFoundError:
@@ -177,7 +177,7 @@ def check_vocabulary(meta, meta_path):
     """The tokenizer meta.json describes (checked whole, whatever its pin says) must
     agree with vocab_size, and eot_id lie inside that vocabulary."""
     expected = check_description(meta["tokenizer"], meta_path)
-    if "chat" in meta:  # the four turn tokens follow the tokenizer's ids (gptkit/data/chat.py)
+    if "chat" in meta:  # the turn (and tool) tokens follow the tokenizer's ids (gptkit/data/chat.py)
         from gptkit.data.chat import check_chat_meta
 
         expected += check_chat_meta(meta, expected, meta_path)

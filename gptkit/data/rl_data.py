@@ -54,6 +54,18 @@ def arithmetic_prompts(split):
                    f"arithmetic's {split} sum {n}") for n, (a, b) in enumerate(held if split == "val" else seen, 1)]
 
 
+def multiply_prompts(split):
+    """The products of multiply_tools (gptkit/prepare/arithmetic.py) as prompts: split "train"
+    (its training conversations' questions) or "val" (the held-out ones, in their order)."""
+    from gptkit.prepare.arithmetic import VAL_FRACTION, multiplication_conversations
+    from gptkit.prepare.chat import split_conversations
+
+    conversations = multiplication_conversations(tools=False)
+    held = split_conversations(len(conversations), VAL_FRACTION)
+    return [Prompt(c["messages"][:1], c["messages"][-1]["content"], f"multiply's {split} product {n}")
+            for n, c in enumerate((c for i, c in enumerate(conversations) if (i in held) == (split == "val")), 1)]
+
+
 def arithmetic_pairs(split, seed):
     """Right vs wrong replies to the sums of arithmetic_chat's split (train or val): the
     wrong one off by 1 or 10, a near miss as a small model makes."""
@@ -71,6 +83,8 @@ def named_prompts(name, split):
     GSM8K's come from eval.py's reader and download (gptkit/evals/tasks.py): one copy, one rule."""
     if name == "arithmetic":
         return arithmetic_prompts(split)
+    if name == "multiply":
+        return multiply_prompts(split)
     if name == "gsm8k":
         split = "train" if split == "train" else "test"
         return [Prompt([{"role": "user", "content": item.question}], item.gold, item.where)

@@ -75,6 +75,7 @@ class Result:
     score: scoring.Score | None = None
     seconds: float | None = None
     exact_match: dict | None = None  # "single", "multi": (replies written exactly, replies)
+    answers: dict | None = None  # eval.py --answers: tools, exact, questions, rate (gptkit/evals/answers.py)
     tasks: dict | None = None  # the report card (gptkit/evals/report_card.py): "tasks", "summary"
     notes: list = field(default_factory=list)
 
@@ -87,6 +88,8 @@ class Result:
         if self.exact_match is not None:
             out["exact_match"] = {kind: {"exact": exact, "replies": total, "rate": exact / total if total else None}
                                   for kind, (exact, total) in self.exact_match.items()}
+        if self.answers is not None:
+            out["answers"] = self.answers
         if self.tasks is not None:
             from gptkit.evals.report_card import card_json
 
@@ -261,7 +264,7 @@ def score_chat_split(candidate, data_dir, name, split, meta, settings):
     rows = list(range(batches.n_windows(split)))
     if settings.max_tokens is not None:
         rows = rows[: max(1, settings.max_tokens // (T + 1))]
-    byte_lengths = chat_byte_lengths(scoring.byte_lengths_tensor(candidate.tokenizer, settings.device))
+    byte_lengths = chat_byte_lengths(scoring.byte_lengths_tensor(candidate.tokenizer, settings.device), meta["vocab_size"])
     total = scoring.accumulator(settings.device)
     with torch.no_grad():
         for i in range(0, len(rows), settings.batch_size):

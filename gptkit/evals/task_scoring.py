@@ -183,13 +183,34 @@ def base_number_answers(model, tokenizer, items, block_size, device, autocast, m
 
 
 def chat_number_answers(model, tokenizer, items, block_size, device, autocast, max_new=256, on_item=None):
-    """GSM8K for a chat model: its reply to each question, read to <|end|>."""
+    """GSM8K for a chat model: its reply to each question, read to <|end|> (a model trained
+    on tool calls replies through sample.py --chat's loop, its calls run by the calculator)."""
+    if "<|call|>" in chat_vocabulary(model.config.vocab_size, tokenizer.vocab_size):
+        return tool_number_answers(model, tokenizer, items, device, autocast, max_new, on_item)
     turns = turn_ids(tokenizer.vocab_size)
     answers = []
     for item in items:
         prompt = chat_prompt(tokenizer, item.question, block_size)
         answers.append(generate_greedy(model, prompt, max_new, list(turns.values()), (), tokenizer.decode, device,
                                        autocast))
+        if on_item is not None:
+            on_item(1)
+    return answers
+
+
+def tool_number_answers(model, tokenizer, items, device, autocast, max_new=256, on_item=None):
+    """Each question's reply from gptkit/generation/chat_session.py's `reply`, greedy: a call
+    the model closes runs, its output forced in (the reply's last number is read, after it).
+    A question too long for the context is answered by nothing."""
+    from gptkit.generation.chat_session import Greedy, Session, reply
+
+    answers = []
+    for item in items:
+        try:
+            with autocast:
+                answers.append(reply(Session(model, tokenizer), item.question, Greedy(max_new), device))
+        except UserError:  # longer than the context: no reply
+            answers.append("")
         if on_item is not None:
             on_item(1)
     return answers

@@ -16,7 +16,7 @@ import sys
 import torch
 
 from gptkit.fast import cpu_linears
-from gptkit.data.chat import TURN_TOKENS
+from gptkit.data.chat import CHAT_TOKENS
 from gptkit.fast.compiled_decode import CompiledDecoder
 from gptkit.ops.device import inference_dtype
 from gptkit.ops.errors import UserError, first_line
@@ -42,10 +42,11 @@ def end_of_text(tokenizer):
 
 
 def turn_marker(token, base_vocab_size):
-    """The text of an id past the tokenizer's vocabulary: a chat model's turn token as its
-    marker (<|end|>, docs/chat.md), written out when sampling without --chat."""
+    """The text of an id past the tokenizer's vocabulary: a chat model's turn or tool token as
+    its marker (<|end|>, <|call|>, docs/chat.md), written out when sampling without --chat
+    and, for the tool tokens, in a reply."""
     i = token - base_vocab_size
-    return TURN_TOKENS[i] if i < len(TURN_TOKENS) else f"<|id {token}|>"
+    return CHAT_TOKENS[i] if i < len(CHAT_TOKENS) else f"<|id {token}|>"
 
 
 class TextStream:

@@ -49,8 +49,10 @@ GPT2_VOCAB_SIZE = 50257
 
 SHAKESPEARE_DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2"}
 DOWNLOADED_CORPORA = {"openwebtext": "gpt2", "fineweb_edu": "gpt2"}  # gptkit/prepare/corpora.py
-# arithmetic_chat: gptkit/prepare/arithmetic.py
-NAMED_DATASETS = {**SHAKESPEARE_DATASETS, "arithmetic_chat": "char", **DOWNLOADED_CORPORA}
+GENERATED_CHATS = {"arithmetic_chat": "char", "multiply_tools": "char", "multiply_plain": "char"}  # prepare/arithmetic.py
+CONVERSATION_SETS = {"no_robots": "gpt2", "smoltalk": "gpt2"}  # gptkit/prepare/conversations.py
+NAMED_DATASETS = {**SHAKESPEARE_DATASETS, **GENERATED_CHATS, "gsm8k_chat": "gpt2",  # gsm8k_chat: prepare/gsm8k.py
+                  **DOWNLOADED_CORPORA, **CONVERSATION_SETS}
 
 
 # ---------------------------------------------------------------- writing

@@ -5,11 +5,12 @@
 
 The bins hold the conversations one after another, whole, as gptkit/data/chat.py encodes
 them (turn tokens are the ids just past the tokenizer's vocabulary); each *_mask.bin
-holds one uint8 per token: 1 for a target (an assistant's content and its <|end|>),
+holds one uint8 per token: 1 for a target (an assistant's content, its tool calls and its <|end|>),
 2 for the first token of a conversation (its first turn token, never a target), 0 for
 the rest. train.py packs whole conversations into windows (gptkit/data/chat_batches.py).
 The split keeps conversations whole: every k-th one, evenly spaced, is held out.
-meta.json says "chat" (the template, its turn ids, how many conversations and how
+meta.json says "chat" (the template, its turn ids and, when a conversation calls a tool, the
+tool tokens' ids, how many conversations and how
 many lines were skipped), is written last, and only after every input line is
 checked: a bad line ends the run with nothing written.
 """
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit.data.chat import TEMPLATE, TURN_TOKENS, encode_records, read_messages, turn_ids
+from gptkit.data.chat import (CHAT_TOKENS, TEMPLATE, TURN_TOKENS, call_expression, encode_records, has_tool_calls,
+                              read_messages, tool_ids, turn_ids)
 from gptkit.ops.errors import UserError
 from gptkit.ops.paths import TEMP_MARK, claim_output
 from gptkit.prepare.encode import dtype_for
@@ -54,6 +56,11 @@ def make_tokenizer(kind, texts, vocab_size, bpe):
     return train_bpe(iter(texts), vocab_size)
 
 
+def texts_of(message):
+    """The texts of one message a tokenizer must encode: its content and its calls' expressions."""
+    return [message["content"], *(call_expression(c) for c in message.get("tool_calls") or [])]
+
+
 def pack_split(conversations):
     """The ids and the mask (0, TARGET, START) of conversations laid end to end."""
     ids = [i for c, _ in conversations for i in c]
@@ -73,8 +80,9 @@ def prepare_chat_dataset(inputs, kind, folder, val_fraction, errors, block_size,
     mode = "skip" if errors == "skip" else "raise"
     records, bad = read_messages([Path(p) for p in inputs], mode)
     held_out = split_conversations(len(records), val_fraction)
-    train_texts = [m["content"] for i, (_, msgs) in enumerate(records) if i not in held_out for m in msgs]
-    all_texts = [m["content"] for _, msgs in records for m in msgs]
+    train_texts = [t for i, (_, msgs) in enumerate(records) if i not in held_out for m in msgs for t in texts_of(m)]
+    all_texts = [t for _, msgs in records for m in msgs for t in texts_of(m)]
+    tools = any(has_tool_calls(msgs) for _, msgs in records)  # the 4 tool tokens too
     tokenizer = make_tokenizer(kind, all_texts if kind == "char" else train_texts, vocab_size, bpe)
     base = tokenizer.vocab_size
     splits = {"train": [], "val": []}
@@ -87,7 +95,8 @@ def prepare_chat_dataset(inputs, kind, folder, val_fraction, errors, block_size,
         if not encoded[split]:
             raise UserError(f"no {split} conversation is left after skipping {bad + too_long} bad line(s)")
 
-    vocab = base + len(TURN_TOKENS)
+    specials = CHAT_TOKENS if tools else TURN_TOKENS
+    vocab = base + len(specials)
     dtype = dtype_for(vocab)
     tag = f"{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
     names = ["train.bin", "val.bin", "train_mask.bin", "val_mask.bin"] + ([BPE_FILE] if kind == "bpe" else []) + ["meta.json"]
@@ -113,6 +122,7 @@ def prepare_chat_dataset(inputs, kind, folder, val_fraction, errors, block_size,
             "chat": {
                 "template": TEMPLATE,
                 "turn_ids": turn_ids(base),
+                **({"tool_ids": tool_ids(base)} if tools else {}),
                 "conversations": {s: len(c) for s, c in encoded.items()},
                 "skipped": bad + too_long,
                 "block_size": block_size,
@@ -127,7 +137,7 @@ def prepare_chat_dataset(inputs, kind, folder, val_fraction, errors, block_size,
     if progress:
         c = meta["chat"]["conversations"]
         print(f"wrote {folder}: train {c['train']:,} conversations ({counts['train']:,} tokens), val {c['val']:,} "
-              f"({counts['val']:,} tokens), vocab {vocab:,} with the 4 turn tokens; skipped {bad + too_long} line(s)",
+              f"({counts['val']:,} tokens), vocab {vocab:,} with the {len(specials)} special tokens; skipped {bad + too_long} line(s)",
               file=sys.stderr)
     return meta
 

@@ -404,6 +404,9 @@ def build_app(state):
                     else:
                         yield text_chunk(i, text, entries and api.completion_logprobs(entries, offsets[i]))
                         offsets[i] += sum(len(t) for t, _, _ in entries or ())
+                elif what == "tool":  # a calculator call ran: its output's text follows (docs/serve.md)
+                    call = {"expression": value["expression"], "output": value["output"]}
+                    yield api.chat_chunk(rid, name, {}, index=value["index"], gptkit={"tool_call": call})
                 elif what == "error":
                     yield worker_error(value).body()
                     break
@@ -425,11 +428,14 @@ def build_app(state):
     async def whole_reply(events, rid, name, chat, start, extras, job):
         """The JSON reply of a request that does not stream, once its last choice is done."""
         texts, entries = [[] for _ in range(job.n)], [[] for _ in range(job.n)]
+        calls = [[] for _ in range(job.n)]  # each choice's calculator calls, in gptkit.tool_calls
         while True:
             what, value = await events.next()
             if what == "text":
                 texts[value["index"]].append(value["text"])
                 entries[value["index"]] += value["logprobs"] or []
+            elif what == "tool":
+                calls[value["index"]].append({"expression": value["expression"], "output": value["output"]})
             elif what == "error":
                 raise worker_error(value)
             else:
@@ -439,6 +445,7 @@ def build_app(state):
         if job.top_logprobs is not None:
             logprobs = [api.chat_logprobs(e) if chat else api.completion_logprobs(e) for e in entries]
         make = api.chat_reply if chat else api.completion_reply
+        extras = {**extras, "tool_calls": calls} if any(calls) else extras
         return JSONResponse(make(rid, name, texts, start, value, extras, logprobs))
 
     async def on_api_error(request, e):

@@ -13,10 +13,14 @@ positions (model.py documents the shapes and the padding mask). One `Batch.step`
        batch from the next step
     4. every row picks its next token from its own logits with its own settings and
        random generator (gptkit/generation/sampling.py's choose_next_token, as sample.py does),
-       and its text grows through generate.py's TextStream (stop strings, stop tokens)
+       and its text grows through generate.py's TextStream (stop strings, stop tokens);
+       a row that runs tools and has just closed a call gets the calculator's output as
+       tokens (gptkit/generation/tools.py's run_call), and runs again apart from the
+       batch at the next step, from its tokens so far, as a new row does
 
 A row's tokens are those generate.generate_samples gives the same request alone
-(shift_context past block_size, as a one-request server ran it): the same prompt,
+(shift_context past block_size, as a one-request server ran it; chat_session.tool_reply's
+when it calls a tool, which also starts again from the reply so far): the same prompt,
 the same per-row choices, the same seeded generator, and logits from model.py's
 forward that differ from the one-row forward's only in float rounding. So at
 temperature 0 (and with a seed) a reply is the same alone or batched.
@@ -29,6 +33,7 @@ import torch
 from gptkit.ops.errors import first_line
 from gptkit.generation.generate import TextStream, same_logits_tolerance
 from gptkit.generation.sampling import choose_next_token
+from gptkit.generation.tools import run_call
 from model import BatchKVCache, KVCache
 
 
@@ -46,6 +51,10 @@ class Row:
     context: list | None = None  # tokens to run alone before the next step (a new or shifted row)
     finished: bool = False
     error: Exception | None = None  # what made this row fail, if anything did
+    tools: dict | None = None  # a chat model's special ids when its calls run the calculator, else None
+    calls: list = dataclasses.field(default_factory=list)  # the calls run: {"expression", "output", "ids"}
+    call: dict | None = None  # the call run at this row's latest token, if any (for on_token)
+    reply_start: int = 0  # where the reply begins in tokens (set by Batch.add)
 
     @property
     def stopped(self):
@@ -77,6 +86,7 @@ class Batch:
     def add(self, row):
         """A new row: its prompt (cropped to the last block_size tokens) runs at the next step."""
         row.context = row.tokens[-self.block:]
+        row.reply_start = len(row.tokens)
         if row.settings.max_new_tokens == 0:
             row.finished = True
         else:
@@ -102,12 +112,14 @@ class Batch:
 
     def schedule(self):
         """A row whose cache is full (block_size positions) starts again from its last
-        block_size // 2 tokens (generate_stream's shift_context): it runs as a new row does."""
+        block_size // 2 tokens (generate_stream's shift_context), and a row given a tool's
+        output (its context set by _run_call) from its tokens so far: they run as a new row does."""
         full = [r for r, n in zip(self.rows, self.cache.length[:, 0].tolist()) if n >= self.block]
         for row in full:
             row.context = row.tokens[-max(1, self.block // 2):]
-        self.drop(set(full))
-        self.waiting += full
+        again = [r for r in self.rows if r.context is not None]
+        self.drop(set(again))
+        self.waiting += again
 
     def forward(self):
         """The next token's logits, one (vocab_size,) tensor per row in self.rows' order after
@@ -165,6 +177,9 @@ class Batch:
         row.tokens.append(token)
         row.new_tokens += not row.stream.stopped
         row.stream.push(token)
+        row.call = None
+        if row.tools is not None and token == row.tools["<|/call|>"] and not row.stream.stopped:
+            self._run_call(row)
         logprobs = None
         if row.top_logprobs is not None:
             logprobs = logprobs_of(logits, token, row.top_logprobs)
@@ -172,6 +187,16 @@ class Batch:
             row.finished = True
             row.stream.close()
         row.on_token(row, token, logprobs)
+
+    def _run_call(self, row):
+        """The call the row just closed, run: its output's tokens join the row (and its text),
+        and the row runs them apart at the next step (the cache has not seen them)."""
+        row.call = run_call(row.tokens[row.reply_start:], row.stream.tokenizer, row.tools)
+        row.calls.append(row.call)
+        row.tokens += row.call["ids"]
+        for forced in row.call["ids"]:
+            row.stream.push(forced)
+        row.context = row.tokens[-self.block:]
 
 
 @torch.inference_mode()

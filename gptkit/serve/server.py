@@ -123,7 +123,8 @@ def serve(model, tokenizer, summary, cfg, device, model_name, sock):
     path = prepare_for_generating(model, cfg.dtype, device, cfg.cpu_decode)  # weights' dtype, CPU's parts
     path, max_batch = batch_size_that_runs(model, device, cfg.max_batch, path)
     mailboxes = Mailboxes()
-    worker = Worker(model, tokenizer, device, cfg.queue_size, max_batch, around_step=mailboxes.step)
+    worker = Worker(model, tokenizer, device, cfg.queue_size, max_batch, around_step=mailboxes.step,
+                    tools=cfg.tools)
     host_names = allowed_host_names(cfg.host, parse_allowed_hosts(cfg.allowed_hosts))
     state = State(cfg, worker, tokenizer, model_name, chat, block, max_tokens, key, int(time.time()), host_names,
                   mailboxes)

@@ -15,6 +15,8 @@ the batch before the next step when it is running: within one token's time.
 Each job's events come back through `emit(kind, value)`, called from this thread:
     ("start", {prompt_tokens, dropped_messages})       once, before its first token
     ("text", {index, text, logprobs})                   new text of choice `index`
+    ("tool", {index, expression, output})               choice `index` called the calculator (its
+                                                         output's markers and text follow as "text")
     ("done", {choices: [{finish_reason, completion_tokens}], completion_tokens})
     ("error", (status, message, code))                  instead of done
 """
@@ -32,7 +34,7 @@ import torch
 from gptkit.generation import chat_session
 
 from gptkit.ops import faults
-from gptkit.data.chat import chat_vocabulary
+from gptkit.data.chat import chat_vocabulary, marked_reply_messages
 from gptkit.ops.errors import UserError, first_line
 from gptkit.generation.generate import TextStream, end_of_text, turn_marker
 from gptkit.serve.batch import Batch, Row
@@ -104,8 +106,9 @@ class TokenEntries:
 
 
 class Worker:
-    def __init__(self, model, tokenizer, device, capacity, max_batch=16, around_step=contextlib.nullcontext):
-        self.model, self.tokenizer, self.device = model, tokenizer, device
+    def __init__(self, model, tokenizer, device, capacity, max_batch=16, around_step=contextlib.nullcontext,
+                 tools="calculator"):
+        self.model, self.tokenizer, self.device, self.tools = model, tokenizer, device, tools
         self.capacity, self.max_batch = capacity, max_batch
         self.cond = threading.Condition()
         self.queue = collections.deque()  # jobs waiting for room in the batch
@@ -221,11 +224,13 @@ class Worker:
     def _start(self, job):
         """The job's prompt and its rows, which join the batch at the next step."""
         if job.messages is not None:
-            session, text, kept = self._session(job.messages)
+            session, text, sent = self._session(job.messages)
             ids, stops = chat_session.reply_prompt(session, text, job.settings.max_new_tokens)
-            dropped = kept + 1 - len(session.history)
+            kept = len(session.history) - 1  # the history's messages left after dropping, the new one aside
+            dropped = sent[len(sent) - kept] if kept else len(set(sent))  # the request's messages left out
+            tools = session.ids if session.has_tool_tokens and self.tools != "none" else None
         else:
-            ids, stops, dropped = job.prompt, self.plain_stops, 0
+            ids, stops, dropped, tools = job.prompt, self.plain_stops, 0, None
         with self.cond:
             self.running.add(job)
         job.emit("start", {"prompt_tokens": len(ids), "dropped_messages": dropped})
@@ -233,7 +238,7 @@ class Worker:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(job.settings.seed + index)  # choice i: the reply seed + i gives alone
             row = Row(list(ids), job.settings, TextStream(self.tokenizer, job.settings.stop, stops), generator,
-                      self._on_token(job, index), job.top_logprobs)
+                      self._on_token(job, index), job.top_logprobs, tools=tools)
             job.rows.append(row)
             self.batch.add(row)
         if all(row.finished for row in job.rows):  # max_tokens 0: nothing to generate
@@ -244,6 +249,9 @@ class Worker:
 
         def on_token(row, token, logprobs):
             text, entries = row.stream.take_new(), None
+            if row.call is not None:  # before its text: the markers and output the call forced in
+                call = row.call
+                job.emit("tool", {"index": index, "expression": call["expression"], "output": call["output"]})
             if logprobs is not None:
                 if token not in row.stream.stop_tokens:
                     logprob, top = logprobs
@@ -278,8 +286,17 @@ class Worker:
                                        "completion_tokens": sum(c["completion_tokens"] for c in choices)})
 
     def _session(self, messages):
-        """A chat_session.Session holding the conversation before its last (user) message."""
+        """A chat_session.Session holding the conversation before its last (user) message, that
+        message, and for each message of the session's history the index of the request's
+        message it came from (an earlier reply with tool calls sent back as its markers' text
+        is several messages again, as the tokens it was)."""
         system = messages[0]["content"] if messages[0]["role"] == "system" else None
         history = [dict(m) for m in messages[1 if system is not None else 0 : -1]]
         session = chat_session.Session(self.model, self.tokenizer, system or None, history)
-        return session, messages[-1]["content"], len(history)
+        sent = list(range(len(history)))
+        if session.has_tool_tokens:
+            expanded = [marked_reply_messages(m["content"], self.tokenizer.vocab_size) if m["role"] == "assistant"
+                        else [m] for m in history]
+            session.history = [r for parts in expanded for r in parts]
+            sent = [i for i, parts in enumerate(expanded) for _ in parts]
+        return session, messages[-1]["content"], sent

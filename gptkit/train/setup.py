@@ -233,9 +233,12 @@ def init_model(model_cfg, cfg, meta, out_dir):
             )
         model, tokenizer = load_base(init_from, dropout=model_cfg.dropout)
         base = {"init_from": base_location(init_from), "fingerprint": lora.fingerprint(model)} if cfg.lora_rank else None
-        grown = "chat" in meta and model.config.vocab_size == meta["chat"]["turn_ids"]["<|system|>"]
+        # room for the turn tokens (and tool tokens), or for the tool tokens of a chat model without them
+        chat = meta.get("chat", {})
+        grown = "tool_ids" in chat and model.config.vocab_size == chat["tool_ids"]["<|call|>"]
+        grown = grown or ("chat" in meta and model.config.vocab_size == chat["turn_ids"]["<|system|>"])
         if grown:
-            model.grow_vocab(meta["vocab_size"])  # room for the 4 turn tokens
+            model.grow_vocab(meta["vocab_size"])
         if ours is not None and (tokenizer != tokenizer_from_dict(meta["tokenizer"]).to_dict() or model.config.vocab_size != meta["vocab_size"]):
             raise UserError(
                 f"vocabulary mismatch: {init_from} was trained with a {describe_vocab(tokenizer, model.config.vocab_size)} "
