@@ -4,7 +4,7 @@
     python serve.py --init_from gpt2 --port 8080        # GPT-2: /v1/completions (it is not a chat model)
     GPTKIT_API_KEY=secret python serve.py --out_dir out-chat --host 0.0.0.0   # reachable by others: with a key
     curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
-         -d '{"messages": [{"role": "user", "content": "what is 2+3?"}], "temperature": 0}'
+         -d '{"messages": [{"role": "user", "content": "What is 2+3?"}], "temperature": 0}'
 
 Which model: as sample.py (`--out_dir`'s best.pt or ckpt.pt, `--ckpt FILE`, a LoRA
 run's folder, `--init_from gpt2` or a Hugging Face folder). A chat-trained model

@@ -81,7 +81,7 @@ def export_hf(source, dest, data_dir="data"):
             eot = write_tokenizer(tokenizer.to_dict(), tmp, model.config.block_size, turns)
             try:
                 if architecture == "gpt2":
-                    export_gpt2(model, tmp)
+                    export_gpt2(model, tmp, eos_token_id=eot)
                 else:
                     export_llama(model, tmp, eos_token_id=eot)
             except KeyError as e:

@@ -147,8 +147,9 @@ def gpt2_mismatches(c):
     return wrong
 
 
-def export_gpt2(model, folder):
-    """Write `model` as a Hugging Face GPT2LMHeadModel folder (config.json + model.safetensors)."""
+def export_gpt2(model, folder, eos_token_id=GPT2_EOT_ID):
+    """Write `model` as a Hugging Face GPT2LMHeadModel folder (config.json + model.safetensors);
+    `eos_token_id` is its tokenizer's end of text (None for a character vocabulary)."""
     c = model.config
     wrong = gpt2_mismatches(c)
     if wrong:
@@ -160,14 +161,13 @@ def export_gpt2(model, folder):
         if key == "transformer.wte.weight":
             tensor = tensor[: c.vocab_size]  # drop padding rows
         tensors[key] = (tensor.t() if key.endswith(CONV1D_WEIGHTS) else tensor).detach().float().contiguous().cpu()
-    has_eot = c.vocab_size > GPT2_EOT_ID
+    eot = eos_token_id if eos_token_id is not None and eos_token_id < c.vocab_size else None
     hf_config = {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": ACTIVATIONS[c.mlp],
         "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer,
         "n_head": c.n_head, "n_inner": None if c.hidden_size == 4 * c.n_embd else c.hidden_size,
         "layer_norm_epsilon": NORM_EPS, "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
-        "tie_word_embeddings": True, "bos_token_id": GPT2_EOT_ID if has_eot else None,
-        "eos_token_id": GPT2_EOT_ID if has_eot else None,
+        "tie_word_embeddings": True, "bos_token_id": eot, "eos_token_id": eot,
     }
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,8 @@
 `transformers.AutoTokenizer.from_pretrained(folder)` encodes exactly as we do.
 
     GPT-2 BPE   vocab.json + merges.txt (GPT-2's own format), rebuilt from tiktoken's ranks
+    our BPE     tokenizer.json: GPT-2's byte-level pre-tokenizer and byte alphabet, our
+                tokens and the merges recovered from their order (needs `tokenizers`)
     char        tokenizer.json: one token per character, no merges (needs `tokenizers`,
                 which comes with transformers)
     chat model  the four turn tokens as special added tokens, and tokenizer_config.json's
@@ -17,7 +19,7 @@ import json
 from pathlib import Path
 
 from gptkit.ops.errors import UserError
-from gptkit.data.tokenizer import GPT2_EOT_ID, load_gpt2_encoding
+from gptkit.data.tokenizer import GPT2_EOT_ID, load_gpt2_encoding, tokenizer_from_dict
 
 EOT = "<|endoftext|>"
 
@@ -93,19 +95,65 @@ def write_gpt2_tokenizer(folder, model_max_length, turns=None):
     } | chat_settings(turns))
 
 
+def _tokenizers_package(what):
+    try:
+        import tokenizers
+    except ImportError:
+        raise UserError(f"exporting a {what} tokenizer needs the tokenizers package: pip install tokenizers")
+    return tokenizers
+
+
+def _add_turns(tokenizer, turns):
+    """A chat model's turn tokens as special added tokens, checked to land at our ids."""
+    from tokenizers import AddedToken
+
+    if turns is not None:
+        tokenizer.add_special_tokens([AddedToken(name, normalized=False, special=True) for name in turns])
+        assert [tokenizer.token_to_id(name) for name in turns] == list(turns.values()), "turn tokens not at their ids"
+
+
+def write_bpe_tokenizer(folder, bpe, model_max_length, turns=None):
+    """tokenizer.json for a BPE trained by prepare.py (a BPETokenizer): the same byte-level
+    scheme as GPT-2's (its pre-tokenizer pattern, which ours is, and its byte symbols), our
+    tokens as the vocabulary, the merges recovered from their order, and <|endoftext|> and
+    a chat model's turn tokens as special tokens at our ids.
+
+    ignore_merges: a piece that is a whole token is that token, as tiktoken encodes it,
+    without replaying the merges that built it."""
+    tokenizers = _tokenizers_package("BPE")
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+
+    symbols = byte_symbols()
+
+    def spell(token):
+        return "".join(symbols[b] for b in token)
+
+    ranks = {token: i for i, token in enumerate(bpe.token_bytes)}
+    vocab = {spell(token): i for token, i in ranks.items()}
+    merges = [(spell(a), spell(b)) for a, b in bpe_merges(ranks)]
+    tokenizer = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(EOT, normalized=False, special=True)])
+    assert tokenizer.token_to_id(EOT) == bpe.eot_id, "<|endoftext|> not at its id"
+    _add_turns(tokenizer, turns)
+    tokenizer.save(str(Path(folder) / "tokenizer.json"))
+    _write_config(Path(folder), {
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
+        "bos_token": EOT, "eos_token": EOT, "add_prefix_space": False,
+    } | chat_settings(turns))
+
+
 def write_char_tokenizer(folder, chars, model_max_length, turns=None):
     """tokenizer.json where id i is chars[i]: a BPE model with no merges reads text one
     character at a time, with no normalizer and no pre-tokenizer to change it. A chat
     model's turn tokens follow as special added tokens (ids len(chars) on)."""
-    try:
-        from tokenizers import AddedToken, Tokenizer, decoders, models
-    except ImportError:
-        raise UserError("exporting a character-level tokenizer needs the tokenizers package: pip install tokenizers")
-    tokenizer = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(chars)}, merges=[]))
+    tokenizers = _tokenizers_package("character-level")
+    from tokenizers import decoders, models
+
+    tokenizer = tokenizers.Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(chars)}, merges=[]))
     tokenizer.decoder = decoders.Fuse()  # decode joins characters as they are, no spaces between
-    if turns is not None:
-        tokenizer.add_special_tokens([AddedToken(name, normalized=False, special=True) for name in turns])
-        assert [tokenizer.token_to_id(name) for name in turns] == list(turns.values()), "turn tokens not at their ids"
+    _add_turns(tokenizer, turns)
     tokenizer.save(str(Path(folder) / "tokenizer.json"))
     _write_config(Path(folder), {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length}
                   | chat_settings(turns))
@@ -128,7 +176,11 @@ def write_tokenizer(tokenizer_dict, folder, model_max_length, turns=None):
     if kind == "char":
         write_char_tokenizer(folder, tokenizer_dict["chars"], model_max_length, turns)
         return None
+    if kind == "bpe":
+        bpe = tokenizer_from_dict(tokenizer_dict)  # checks the embedded tokenizer against its sha256
+        write_bpe_tokenizer(folder, bpe, model_max_length, turns)
+        return bpe.eot_id
     raise UserError(
-        f"exporting a {kind!r} tokenizer to Hugging Face is not supported yet (only gpt2 and char are; "
+        f"exporting a {kind!r} tokenizer to Hugging Face is not supported yet (only gpt2, bpe and char are; "
         "a writer for it goes in gptkit/interop/hf_tokenizer.py: write_tokenizer)"
     )

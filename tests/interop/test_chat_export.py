@@ -40,11 +40,18 @@ def hf_ids(result):
     return list(result["input_ids"] if hasattr(result, "keys") else result)  # a dict in newer transformers
 
 
-@pytest.mark.parametrize("kind, specials", [("char", 4), ("char", 8), ("gpt2", 8)])
+def trained_bpe():
+    """A BPE trained as prepare.py --tokenizer bpe trains one, on text the conversations share."""
+    from gptkit.prepare.bpe import train_bpe
+
+    return train_bpe(iter([" ".join(m["content"] for c in CONVERSATIONS for m in c) * 30]), 280)
+
+
+@pytest.mark.parametrize("kind, specials", [("char", 4), ("char", 8), ("gpt2", 8), ("bpe", 8)])
 def test_apply_chat_template_gives_our_prompt_ids(tmp_path, kind, specials, request):
     if kind == "gpt2":
         request.getfixturevalue("tiktoken_available")
-    tok = CharTokenizer(CHARS) if kind == "char" else GPT2Tokenizer()
+    tok = {"char": lambda: CharTokenizer(CHARS), "gpt2": GPT2Tokenizer, "bpe": trained_bpe}[kind]()
     assert convert.main([str(chat_run(tmp_path, tok, specials)), str(tmp_path / "hf"), "--to", "hf"]) == 0
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     turns = chat_vocabulary(tok.vocab_size + specials, tok.vocab_size)

@@ -88,6 +88,40 @@ def test_gpt2_tokenizer_encodes_as_tiktoken(tmp_path, tiktoken_available, shakes
     assert hf_tok("a<|endoftext|>")["input_ids"] == [64, 50256]
 
 
+# Unicode (accents, CJK, an emoji split across byte tokens), runs of spaces, tabs and
+# newlines, \r\n, a no-break space, digits in long runs, contractions in both cases.
+VARIED = (" x  \n\n\t y123 4567 12345678 ünïcødé 日本語 🙂 it's IT'S they'll  end   \r\n"
+          " \u00a0 ' 's \n\n\n   ")
+
+
+@pytest.mark.parametrize("shape", ["gpt2", "llama"])
+def test_our_trained_bpe_exports_with_its_tokenizer_and_gives_our_ids_and_text(tmp_path, shakespeare_path, shape):
+    """prepare.py --tokenizer bpe's tokenizer: AutoTokenizer (and PreTrainedTokenizerFast on
+    the bare tokenizer.json) give tiktoken's ids and text back, <|endoftext|> at our id."""
+    from gptkit.prepare.bpe import train_bpe
+
+    text = shakespeare_path.read_text()
+    ours = train_bpe(iter([text[:200_000]]), 1024)
+    config = (GPTConfig(block_size=32, vocab_size=ours.vocab_size, n_layer=1, n_head=2, n_embd=16)
+              if shape == "gpt2" else llama_config(vocab_size=ours.vocab_size, n_embd=16, n_head=2, n_layer=1))
+    model = perturbed_model(config)
+    write_run(tmp_path / "run", model, ours.to_dict())
+    assert convert.main([str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == ours.eot_id == 1023
+    idx = torch.randint(0, ours.vocab_size, (2, 32))
+    assert (hf_logits(tmp_path / "hf", idx) - our_logits(model, idx)).abs().max().item() < 1e-5
+
+    sample = text[200_000:230_000] + VARIED  # text the BPE never saw, then the odd cases
+    ids = ours.encode(sample)
+    for hf_tok in (transformers.AutoTokenizer.from_pretrained(tmp_path / "hf"),
+                   transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "hf" / "tokenizer.json"))):
+        assert hf_tok(sample)["input_ids"] == ids
+        assert hf_tok.decode(ids) == sample
+        assert hf_tok(VARIED)["input_ids"] == ours.encode(VARIED)
+        assert hf_tok.convert_tokens_to_ids("<|endoftext|>") == ours.eot_id
+        assert hf_tok.decode([ours.eot_id]) == "<|endoftext|>"
+
+
 def test_architectures_that_map_nowhere_are_named_and_nothing_is_written(tmp_path):
     model = GPT(llama_config(qk_norm=True, logit_softcap=30.0))
     write_run(tmp_path / "run", model, CharTokenizer(CHARS).to_dict())
