@@ -273,7 +273,6 @@ def test_one_cache_folder_for_every_download_measurement_and_build(tmp_path, mon
     """$GPTKIT_CACHE_DIR, else $XDG_CACHE_HOME/gptkit, else ~/.cache/gptkit (an empty
     variable counts as unset), for the tasks, GSM8K, the CPU peak and the int8 kernel."""
     from gptkit.fast import int8_kernel
-    from gptkit.data import rl_data
     from gptkit.evals import tasks
     from gptkit.ops.paths import cache_dir
     from gptkit.train import mfu
@@ -286,5 +285,5 @@ def test_one_cache_folder_for_every_download_measurement_and_build(tmp_path, mon
     assert cache_dir("tasks") == tmp_path / "xdg" / "gptkit" / "tasks"
     monkeypatch.setenv("GPTKIT_CACHE_DIR", str(tmp_path / "mine"))
     assert cache_dir("gsm8k") == tmp_path / "mine" / "gsm8k"
-    for module in (int8_kernel, rl_data, tasks, mfu):  # none keeps a folder rule of its own
+    for module in (int8_kernel, tasks, mfu):  # none keeps a folder rule of its own (rl.py's GSM8K: tasks')
         assert "cache_dir" in vars(module) and vars(module)["cache_dir"] is cache_dir

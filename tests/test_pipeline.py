@@ -197,6 +197,25 @@ def test_each_corpus_becomes_our_bpe_trained_on_its_text(tmp_path, monkeypatch):
     assert commands(str(tmp_path / "books")) == [["--input", str(tmp_path / "books"), *bpe]]
 
 
+def test_sft_reads_the_arithmetic_conversations_and_online_no_robots_too(tmp_path):
+    """Offline the chat data is the generated sums RL asks; with a web corpus (online) No
+    Robots' conversations are downloaded by name and prepared with them, in the corpus's BPE."""
+    from gptkit.pipeline.sizes import SIZES
+    from gptkit.pipeline.stages import Run, chat_data_commands
+
+    data = tmp_path / "data"
+
+    def commands(corpus):
+        return [c.argv[2:] for c in chat_data_commands(Run(tmp_path, SIZES["laptop"], corpus=corpus))]
+
+    sums = str(data / "arithmetic_chat" / "conversations.jsonl")
+    robots = str(data / "no_robots" / "conversations.jsonl")
+    chat = ["--format=chat", "--tokenizer=bpe", f"--tokenizer_from={data / 'corpus'}", f"--data_dir={data}"]
+    assert commands("shakespeare") == [["arithmetic_chat", f"--data_dir={data}"], ["chat", "--input", sums, *chat]]
+    assert commands("fineweb_edu") == [["arithmetic_chat", f"--data_dir={data}"], ["no_robots", f"--data_dir={data}"],
+                                       ["chat", "--input", sums, robots, *chat]]
+
+
 def test_a_training_stage_resumed_after_its_last_step_keeps_the_figures_of_the_try_before():
     """Ctrl-C after train.py's last step: the next try resumes a finished run, which prints only
     its closing line; the eval line comes from the stage's log of the try before."""

@@ -14,7 +14,7 @@ VERSION_GATED = [
     ("enable_gqa=", "model.py", "2.5", False),  # F.scaled_dot_product_attention's grouped-query heads
     ("torch.OutOfMemoryError", "train.py", "2.5", False),  # the device-generic OOM error
     ("from torch.distributed.tensor import", "gptkit/train/muon.py", "2.5", False),  # DTensor public (was _tensor)
-    ("get_total_norm(", "train.py", "2.6", False),  # torch.nn.utils.get_total_norm
+    ("get_total_norm(", "gptkit/train/step.py", "2.6", False),  # torch.nn.utils.get_total_norm
     ("from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard", "gptkit/train/fsdp.py", "2.6", False),  # FSDP2 public
     ("src_data_rank=None", "gptkit/train/muon.py", "2.7", False),  # distribute_tensor without a broadcast
     ("fp32_precision", "gptkit/ops/device.py", "2.9", True),  # the TF32 API that replaced allow_tf32

@@ -225,12 +225,17 @@ def card_figures(card_name):
 # ---------------------------------------------------------------- chat
 
 def chat_data_commands(run):
-    """arithmetic_chat's conversations (prepare.py makes them, character-level), then the
-    same conversations in the corpus's BPE, the turn tokens after it (docs/chat.md)."""
-    made = run.data / "arithmetic_chat" / "conversations.jsonl"
-    return [Command([*run.script("prepare.py"), "arithmetic_chat", f"--data_dir={run.data}"]),
-            Command([*run.script("prepare.py"), CHAT, "--input", str(made), "--format=chat", "--tokenizer=bpe",
-                     f"--tokenizer_from={run.data / CORPUS}", f"--data_dir={run.data}"])]
+    """The conversations SFT reads, in the corpus's BPE with the turn tokens after it
+    (docs/chat.md): arithmetic_chat's (prepare.py makes them offline; RL's task asks the
+    same sums) and, with a web corpus (online), No Robots' too, downloaded by name as the
+    corpus was."""
+    made = [run.data / "arithmetic_chat" / "conversations.jsonl"]
+    commands = [Command([*run.script("prepare.py"), "arithmetic_chat", f"--data_dir={run.data}"])]
+    if run.corpus in WEB_CORPORA:
+        commands.append(Command([*run.script("prepare.py"), "no_robots", f"--data_dir={run.data}"]))
+        made.append(run.data / "no_robots" / "conversations.jsonl")
+    return [*commands, Command([*run.script("prepare.py"), CHAT, "--input", *map(str, made), "--format=chat",
+                                "--tokenizer=bpe", f"--tokenizer_from={run.data / CORPUS}", f"--data_dir={run.data}"])]
 
 
 def chat_data_figures(run, outputs, log):
