@@ -753,7 +753,7 @@ def run(cfg, data, dist, device):
                 improved = last["pass1"] > state.best_pass1
                 state.pass1, state.last_eval_iter = last["pass1"], state.iter_num
                 state.best_pass1 = max(state.best_pass1, last["pass1"])
-                saver.after_eval(state, improved, always_save=True)
+                saver.after_eval(state, improved, always_save=True, keep_start=True)  # best.pt: best pass@1
             if state.iter_num >= cfg.max_iters:
                 break
             lr_scale = schedule.lr_scale(state.iter_num)

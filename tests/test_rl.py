@@ -375,6 +375,22 @@ def test_a_character_outside_the_vocabulary_names_file_and_line(tmp_path, capsys
     assert not (out / "metrics.jsonl").exists()
 
 
+def test_best_pt_holds_the_best_held_out_pass1_the_start_included(tmp_path, chat_ckpt):
+    """best.pt is the weights of the best held-out pass@1, the start's (step 0) included:
+    a run that only makes the model worse (here a rate far too high) leaves the start
+    there, which eval.py, convert.py and serve.py read from the folder (best.pt first).
+    Before, step 0 was never saved and such a run left only its last, worse, weights."""
+    out = tmp_path / "rl"
+    assert run_rl(args(chat_ckpt, out, "--max_iters=3", "--eval_interval=1", "--learning_rate=0.1")) == 0
+    evals = records(out, "rl_eval")
+    earliest_best = max(evals, key=lambda r: (r["pass1"], -r["iter"]))
+    best = load_checkpoint(out / "best.pt")
+    assert best["iter_num"] == earliest_best["iter"]
+    if earliest_best["iter"] == 0:
+        start = load_checkpoint(chat_ckpt)["model"]
+        assert all(torch.equal(best["model"][k], start[k]) for k in start)
+
+
 def test_resuming_after_a_kill_keeps_every_record_of_rl_pys_kinds(tmp_path, chat_ckpt):
     """A run killed after its checkpoint at step 2 (the kill leaves a step-2 record and a
     cut line behind), resumed to step 4: its metrics.jsonl reads as the run never killed,

@@ -92,12 +92,14 @@ class Checkpointer:
         if always_save and state.iter_num > 0 and self.last_iter != state.iter_num:
             self.save("ckpt", state)
 
-    def after_eval(self, state, improved, always_save):
+    def after_eval(self, state, improved, always_save, keep_start=False):
         """After an evaluation the loop has recorded in `state`: save ckpt.pt (always, or
-        when the val loss improved) and best.pt (when it improved)."""
+        when the val loss improved) and best.pt (when it improved). Step 0 is the start,
+        not saved; with keep_start (rl.py: its start is a trained chat model) the start is
+        best.pt until a step beats it, so a run that only makes it worse keeps it."""
         if state.iter_num > 0 and (improved or always_save):
             self.save("ckpt", state)
-        if state.iter_num > 0 and improved:
+        if improved and (state.iter_num > 0 or keep_start):
             self.save("best", state)
 
     def failed(self, what):
