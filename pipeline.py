@@ -38,7 +38,7 @@ def parse_args(argv):
     parser = ArgumentParser(prog="pipeline.py", description=__doc__.split("\n")[0],
                             epilog="stages, sizes, resuming and the report: docs/pipeline.md")
     parser.add_argument("--size", choices=list(SIZES), default="laptop",
-                        help="tiny (a minute: the tests'), laptop (about an hour on 2 CPU cores), gpu (GPT-2 124M's "
+                        help="tiny (a minute: the tests'), laptop (26 minutes on 2 CPU cores), gpu (GPT-2 124M's "
                              "shape, for a node of GPUs) (default laptop)")
     parser.add_argument("--corpus", default="shakespeare",
                         help="shakespeare (a local copy in $TINYSHAKESPEARE, else downloaded), fineweb_edu or "

@@ -32,9 +32,9 @@ SIZES = {
         "expected_s": {"corpus": 5, "pretrain": 10, "card": 8, "chat_data": 6, "sft": 8, "rl": 8, "card_after": 8,
                        "export": 8, "report": 5},
     },
-    # A laptop's hour on 2 CPU cores: the two training stages end on a budget of CPU
-    # seconds (train.py --time_budget, its own clock); the rest measured stage by stage
-    # in CPU seconds on short runs, not end to end (docs/pipeline.md).
+    # A laptop's half hour on 2 CPU cores: the two training stages end on a budget of CPU
+    # seconds (train.py --time_budget, its own clock); measured end to end on 2026-12-07:
+    # 25m37s wall (docs/pipeline.md).
     "laptop": {
         "vocab_size": 2048,
         "model": {"n_layer": 4, "n_head": 4, "n_embd": 192, "block_size": 128},
@@ -50,7 +50,7 @@ SIZES = {
                "eval_prompts": 100, "log_interval": 5, "batch_size": 64, "learning_rate": 3e-5},
         "card_tokens": 0,  # 0: the whole val split
         "card_limit": 200,  # eval.py --limit: each task's first 200 items
-        "expected_s": {"corpus": 5, "pretrain": 1500, "card": 90, "chat_data": 5, "sft": 300, "rl": 80,
+        "expected_s": {"corpus": 5, "pretrain": 1250, "card": 90, "chat_data": 5, "sft": 270, "rl": 20,
                        "card_after": 90, "export": 10, "report": 5},
     },
     # GPT-2 124M's shape on a node of GPUs (documented, not measured here): run it with
