@@ -132,7 +132,7 @@ def test_a_pickled_object_inside_the_shards_is_refused(tmp_path):
 
 
 WRITER = """
-import sys, torch
+import sys, time, torch
 sys.path[:0] = [{repo!r}, {tests!r}, {tests!r} + "/train"]
 from test_sharded import save, trained
 model, optimizers = trained()
@@ -141,6 +141,7 @@ for i in range(1, {saves} + 1):
         for p in model.parameters():
             p.fill_(float(i))  # every weight of save i is i, and its run.json says iter_num i
     save({out!r}, model, optimizers, iter_num=i)
+    time.sleep(0.05)  # a reader retrying a read the saves kept changing gets a window on 2 busy cores
 """
 
 
