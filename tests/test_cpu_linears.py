@@ -700,10 +700,18 @@ def test_a_hung_build_ends_with_all_the_compiler_started(tmp_path, monkeypatch):
     with fresh_cache(tmp_path / "cache"):
         assert "did not finish building it in 1 s" in int8_kernel.load()[1]
     assert time.monotonic() - start < 15  # not the 30 s its children would hold the pipes open
-    pgid, alive = int(group.read_text()), []
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat_file.read_text().rsplit(")", 1)[1].split()  # after "pid (name)": state, ppid, pgrp
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                alive.append(stat_file.parent.name)
-    assert alive == []
+    pgid = int(group.read_text())
+
+    def alive():
+        found = []
+        for stat_file in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError):
+                fields = stat_file.read_text().rsplit(")", 1)[1].split()  # after "pid (name)": state, ppid, pgrp
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    found.append(stat_file.parent.name)
+        return found
+
+    deadline = time.monotonic() + 5  # SIGKILL is sent; a killed process may take a moment to be gone
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive() == []  # never the 30 s of `sleep 30` the children would live unkilled
