@@ -28,7 +28,7 @@ class RunState:
     val_loss: float = math.nan  # at the latest evaluation
     last_eval_iter: int = -1  # a resumed run does not repeat the evaluation its checkpoint was saved after
     train_time_s: float = 0.0  # wall seconds inside training steps
-    train_cpu_s: float = 0.0  # this process's CPU seconds (all threads) inside training steps
+    train_cpu_s: float = 0.0  # this process's CPU seconds (all threads) inside training steps (torchrun: the slowest rank's)
 
     @classmethod
     def from_checkpoint(cls, ckpt):

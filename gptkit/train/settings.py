@@ -159,9 +159,6 @@ def check_batch_sizes(model_cfg, cfg):
 
 
 def check_world_size(cfg, world_size):
-    if cfg.time_budget and world_size > 1:  # each rank's clock would end the run at its own step
-        raise UserError(f"time_budget={cfg.time_budget:g} runs on one process: under torchrun set "
-                        "--max_iters instead (and --time_budget=0)")
     if cfg.gradient_accumulation_steps % world_size:
         G = cfg.gradient_accumulation_steps
         raise UserError(

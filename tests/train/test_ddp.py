@@ -70,3 +70,36 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_with_a_checkpoint(tmp_
     last_logged = read_metrics(out, "train")[-1]["iter"]
     assert ckpt["iter_num"] == last_logged + 1  # saved at the step boundary after the last step
     assert len(ckpt["rng"]["per_rank"]) == 2  # each rank's RNG state, for an exact resume
+
+
+@pytest.mark.slow
+def test_a_time_budget_under_two_ranks_stops_both_at_one_step_and_resumes(tmp_path):
+    """Each rank's own clock would end the run at its own step (the other then waits in
+    an all-reduce forever) and decay its rate apart: the slowest rank's clock rules both,
+    and the run ends once, at one step, with its budget spent, then resumes to a larger one."""
+    from gptkit.ops.checkpoint import load_checkpoint
+
+    write_char_dataset(tmp_path / "data")
+    out = tmp_path / "out"
+    budget = dict(max_iters=100000, eval_interval=100000, time_budget=1.5, warmup_iters=2)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py"),
+         *tiny_args(tmp_path / "data", out, **budget)],
+        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    steps = ckpt["iter_num"]
+    assert steps > 5 and f"done: {steps} iterations" in result.stdout
+    assert ckpt["train_cpu_s"] >= 1.5  # the budget was spent: the run did not end early
+    rates = [r["lr"] for r in read_metrics(out, "train")]
+    assert rates[-1] < 0.2 * max(rates)  # the decay followed the budget to its end
+    # Resumed to a larger budget, both ranks go on from the saved clock and stop together again.
+    more = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py"),
+         *tiny_args(tmp_path / "data", out, **dict(budget, time_budget=2.5)), "--init_from=resume"],
+        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
+    resumed = load_checkpoint(out / "ckpt.pt")
+    assert resumed["iter_num"] > steps and resumed["train_cpu_s"] >= 2.5
