@@ -8,7 +8,7 @@
     python bench.py memory      # memory per rank, DDP vs FSDP, with/without activation checkpointing
     python bench.py vocab       # char vs trained BPEs vs GPT-2 BPE on Tiny Shakespeare (slow)
     python bench.py lora        # full fine-tuning vs LoRA: peak memory and ms/step, GPT-2 124M and 355M (slow)
-    python bench.py budget      # configs/shakespeare_10min.py vs nanoGPT at 300/600/1200 CPU s (~70 min)
+    python bench.py budget      # configs/shakespeare_1200cpus.py vs nanoGPT at 300/600/1200 CPU s (~70 min)
     python bench.py gpt2_cpu    # GPT-2 124M batch-1 sampling: ours vs transformers vs llama.cpp
     python bench.py chat_step   # chat training's step: the output layer on target positions only (GPT-2's shape)
     python bench.py tasks       # eval.py --tasks' multiple-choice scoring vs lm-evaluation-harness: items per CPU s

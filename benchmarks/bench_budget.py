@@ -1,4 +1,4 @@
-"""The best model a fixed CPU budget trains: configs/shakespeare_10min.py against nanoGPT's own code.
+"""The best model a fixed CPU budget trains: configs/shakespeare_1200cpus.py against nanoGPT's own code.
 
     python bench.py budget --nanogpt ../nanoGPT                 # 300, 600 and 1200 CPU s, nanoGPT and ours (~70 min)
     python bench.py budget --budgets 300 --only ours            # ours alone at one budget
@@ -35,7 +35,7 @@ from benchmarks import one_thread
 from gptkit.ops.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIG = "configs/shakespeare_10min.py"
+CONFIG = "configs/shakespeare_1200cpus.py"
 FULL_BUDGET = 1200
 # nanoGPT's own README CPU command, on its own shakespeare_char config.
 NANOGPT_CPU = ["--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=50", "--block_size=64",

@@ -525,7 +525,7 @@ def test_muon_run_resumes_exactly(data_dir, tmp_path):
 
 
 def test_a_bfloat16_cpu_run_with_matmul_attention_learns_and_resumes_exactly(data_dir, tmp_path, capsys):
-    """What configs/shakespeare_10min.py trains with on a CPU with bfloat16 instructions:
+    """What configs/shakespeare_1200cpus.py trains with on a CPU with bfloat16 instructions:
     autocast to bfloat16 and attention="matmul" (dropout on the attention weights too). The
     loss falls, the run's dtype is recorded, and a run resumed halfway equals one run
     straight through (autocast keeps no state; the checkpoint holds float32 weights)."""
