@@ -75,17 +75,20 @@ def test_help_lists_every_setting(capsys):
             assert f.metadata["help"] in text
 
 
-def test_the_five_minute_config_is_the_ten_minute_one_with_a_shorter_budget():
-    """configs/shakespeare_5min.py imports every setting of shakespeare_10min.py (its dtype
-    choice by CPU included) and changes only where it writes, its budget, its decay and
-    its depth (3 layers, where the ten-minute config's bfloat16 branch has 4)."""
+def test_the_minute_configs_are_the_1200_cpu_second_recipe_with_budgets_for_two_threads():
+    """configs/shakespeare_10min.py imports every setting of shakespeare_1200cpus.py (its dtype
+    choice by CPU included) and changes only where it writes and its budget (two threads' CPU
+    seconds, with max_iters out of the way); shakespeare_5min.py is the same at half the budget."""
     folder = CONFIGS[0].parent
-    (m5, t5), (m10, t10) = load(folder / "shakespeare_5min.py"), load(folder / "shakespeare_10min.py")
-    assert (m5.n_layer, m5.n_embd, m5.n_head, m5.mlp_hidden) == (3, 128, 4, 256)
-    assert m5 == dataclasses.replace(m10, n_layer=3)
+    (m5, t5), (m10, t10), (m20, t20) = (load(folder / f"shakespeare_{n}.py") for n in ("5min", "10min", "1200cpus"))
+    assert m5 == m10 == m20
+    changed = {f.name for f in dataclasses.fields(TrainConfig) if getattr(t10, f.name) != getattr(t20, f.name)}
+    assert changed == {"out_dir", "time_budget", "max_iters", "lr_decay_iters"}  # lr_decay_iters: max_iters by default
     changed = {f.name for f in dataclasses.fields(TrainConfig) if getattr(t5, f.name) != getattr(t10, f.name)}
-    assert changed == {"out_dir", "time_budget", "muon_weight_decay"}
-    assert (t5.out_dir, t5.time_budget, t5.muon_weight_decay) == ("out-shakespeare-5min", 280.0, 0.1)
+    assert changed == {"out_dir", "time_budget"}
+    assert (t10.out_dir, t10.time_budget, t5.out_dir, t5.time_budget) == (
+        "out-shakespeare-10min", 1170.0, "out-shakespeare-5min", 585.0)
+    assert t10.max_iters * 0.09 > t10.time_budget / 2  # steps of ~0.1 s wall: the budget ends the run
 
 
 def test_every_config_header_is_short_and_points_to_its_figures():

@@ -109,13 +109,28 @@ def test_the_ten_minute_config_trains_in_bfloat16_only_where_the_cpu_has_its_ins
     monkeypatch.setattr(builtins, "open", lambda path, *a, **k: io.StringIO(cpuinfo) if path == "/proc/cpuinfo"
                         else real_open(path, *a, **k))
     assert gdevice.cpu_computes_bf16() is native
-    settings = read_config_file(REPO / "configs" / "shakespeare_10min.py")
+    settings = read_config_file(REPO / "configs" / "shakespeare_1200cpus.py")
     chosen = (settings.get("dtype", "auto"), settings.get("attention", "sdpa"), settings["muon_weight_decay"],
               settings["time_budget"], settings["n_layer"], settings["n_embd"])
     assert chosen == (("bfloat16", "matmul", 0.3, 1176.0, 4, 128) if native else ("auto", "sdpa", 0.1, 1160.0, 3, 128))
     monkeypatch.setattr(builtins, "open", lambda path, *a, **k: (_ for _ in ()).throw(OSError("no such file"))
                         if path == "/proc/cpuinfo" else real_open(path, *a, **k))
     assert gdevice.cpu_computes_bf16() is False  # not Linux: float32, as before
+
+
+@pytest.mark.parametrize("capability, native", [("avx2", False), ("AVX2", False), ("default", False), ("avx512", True)])
+def test_torchs_kernels_held_to_avx2_count_as_a_cpu_without_bfloat16(monkeypatch, capability, native):
+    """ATEN_CPU_CAPABILITY=avx2 (how an AVX2 laptop's figures are measured on a newer CPU)
+    makes the recipes take their float32 branch, as on the laptop."""
+    import builtins
+    import io
+
+    real_open = builtins.open
+    cpuinfo = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16\n\n"
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: io.StringIO(cpuinfo) if path == "/proc/cpuinfo"
+                        else real_open(path, *a, **k))
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+    assert gdevice.cpu_computes_bf16() is native
 
 
 GLIBC_ACCOUNTS_FOR_A_LARGE_TENSOR = r"""
