@@ -136,13 +136,16 @@ class Schedule:
                 f"{max(1, state.iter_num // 10)} or a longer budget")
 
     def eta_s(self, state, seconds_per_iter):
-        """Seconds left after step state.iter_num: seconds_per_iter for each step left, or
-        the budget's clock if that ends first."""
+        """Wall seconds left after step state.iter_num: seconds_per_iter for each step left,
+        or the budget's clock if that ends first. A CPU budget counts CPU seconds of all
+        threads: they become wall seconds at the run's own rate so far (two threads: ~0.5)."""
         steps_left = max(0, self.cfg.max_iters - state.iter_num - 1)
         steps = None if seconds_per_iter is None else seconds_per_iter * steps_left
         if not self.cfg.time_budget:
             return steps
         clock = max(0.0, self.cfg.time_budget - self.spent_s(state))
+        if self.cpu and state.train_cpu_s > 0:
+            clock *= state.train_time_s / state.train_cpu_s
         return clock if steps is None else min(clock, steps)
 
 

@@ -117,11 +117,13 @@ def test_a_schedule_ends_at_max_iters_or_when_its_budget_is_spent():
     budget = optim.Schedule(types.SimpleNamespace(**vars(cfg()), max_iters=1000, time_budget=60.0), "cpu")
     steps = optim.Schedule(types.SimpleNamespace(**vars(cfg()), max_iters=1000, time_budget=0.0), "cpu")
     state = RunState(iter_num=500, train_cpu_s=30.0, train_time_s=90.0)
-    assert budget.progress(state) == 0.5 and not budget.finished(state) and budget.eta_s(state, 1.0) == 30.0
+    assert budget.progress(state) == 0.5 and not budget.finished(state)
+    assert budget.eta_s(state, 1.0) == 90.0  # 30 CPU s left, at the 3 wall s per CPU s the run has had
+    assert budget.eta_s(RunState(iter_num=500, train_cpu_s=30.0, train_time_s=15.0), 1.0) == 15.0  # two threads
     assert budget.progress(RunState(iter_num=750, train_cpu_s=30.0)) == 0.75  # the steps are further along
     assert budget.progress(RunState(iter_num=250, train_cpu_s=45.0)) == 0.75  # the clock is
     assert budget.finished(RunState(iter_num=9, train_cpu_s=60.0))
-    assert budget.eta_s(RunState(iter_num=990, train_cpu_s=30.0), 1.0) == 9.0  # max_iters comes first
+    assert budget.eta_s(RunState(iter_num=990, train_cpu_s=30.0, train_time_s=30.0), 1.0) == 9.0  # max_iters comes first
     assert optim.Schedule(budget.cfg, "cuda").finished(state)  # a GPU's clock is wall seconds in steps
     assert steps.progress(state) is None and not steps.finished(state) and steps.eta_s(state, 1.0) == 499
     state.iter_num = 1000  # max_iters still caps a budget
