@@ -114,6 +114,14 @@ def llama_cpp_generate(llm, n):
     return stamps
 
 
+def llama_cpp_instructions(llama_cpp):
+    """The vector instructions this llama.cpp was built for, from its system info: e.g.
+    "[AVX2]" for a build with GGML_NATIVE=OFF GGML_AVX512=OFF, "[AVX2 AVX512 AVX512_VNNI]"."""
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    names = [name for name in ("AVX2", "AVX_VNNI", "AVX512", "AVX512_VNNI", "AVX512_BF16") if f"{name} = 1" in info]
+    return "[" + " ".join(names) + "]"
+
+
 def load_llama_cpp(path, n_ctx):
     import llama_cpp
 
@@ -296,11 +304,12 @@ def measure(args, work):
         if llama_cpp is not None:
             from gptkit.interop.gguf_export import export_gguf
 
+            built = llama_cpp_instructions(llama_cpp)
             for outtype in ("f32", "q8_0"):
                 path = work / f"gpt2-{outtype}.gguf"
                 export_gguf(str(run_dir), str(path), outtype)
                 llm = load_llama_cpp(path, n_ctx=len(PROMPT) + n + 8)
-                samplers[f"llama.cpp {llama_cpp.__version__} ({outtype} GGUF of the same weights)"] = (
+                samplers[f"llama.cpp {llama_cpp.__version__} {built} ({outtype} GGUF of the same weights)"] = (
                     lambda llm=llm: llama_cpp_generate(llm, n))
     best = {label: (float("inf"), float("inf")) for label in samplers}
     for _ in range(args.repeats):
