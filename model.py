@@ -315,12 +315,33 @@ class BatchKVCache(KVCache):
         super().__init__(n_layer, max_length)
         self.length = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
 
+    @property
+    def length(self):
+        return self._length
+
+    @length.setter
+    def length(self, value):  # also `cache.length += T` after the last layer: the step's positions move on
+        self._length, self.this_step = value, None
+
+    def step_positions(self, T, device):
+        """This step's (columns (B, T): each row's positions, end: the longest row's end,
+        mask: attention_mask's), computed once for all the layers (length moves after the last)."""
+        if self.this_step is None or self.this_step[0] != T:
+            columns = self.length + torch.arange(T, device=device)
+            low, high = self.length.aminmax()
+            end = int(high) + T
+            if T == 1 and int(low) == end - 1:  # one new token on rows of one length: it sees every key
+                mask = None
+            else:
+                mask = (torch.arange(end, device=device)[None, None, :] <= columns[:, :, None])[:, None]
+            self.this_step = (T, columns, end, mask)
+        return self.this_step[1:]
+
     def update(self, layer, k, v):
         """Write k, v (B, Hkv, T, D) at each row's own next T columns; return keys and
         values (B, Hkv, end, D) up to the longest row's end (the rest is never seen)."""
         B, Hkv, T, D = k.shape
-        columns = self.length + torch.arange(T, device=k.device)  # (B, T): each row's positions
-        end = int(columns.max()) + 1
+        columns, end, _ = self.step_positions(T, k.device)
         assert end <= self.max_length, f"cache holds {self.max_length} positions, asked for {end}"
         if self.k[layer] is None or self.k[layer].size(2) < end:  # room for `end` columns
             width = min(self.max_length, -(-end // self.GROW) * self.GROW)
@@ -333,11 +354,9 @@ class BatchKVCache(KVCache):
 
     def attention_mask(self, T, device):
         """(B, 1, T, end) bool, True where row b's new token t (at position length[b] + t)
-        sees a column: its own past and itself, never a later column (padding)."""
-        end = int(self.length.max()) + T
-        query_pos = self.length + torch.arange(T, device=device)  # (B, T)
-        key_pos = torch.arange(end, device=device)  # (end,)
-        return (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (B, 1, T, end)
+        sees a column: its own past and itself, never a later column (padding). None where
+        one new token comes on rows of one length: it sees every column (SDPA's fast path)."""
+        return self.step_positions(T, device)[2]
 
     def keep(self, rows):
         """Keep only `rows` (indices, in that order): the rows of finished requests leave."""

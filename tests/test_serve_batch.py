@@ -234,6 +234,46 @@ def test_the_workers_step_holds_back_the_events_of_every_loops_mailbox(running_l
     assert arrived([queue], [1]) and len(wakes) == 1
 
 
+def test_a_steps_later_tokens_wait_for_the_stream_interval_but_first_tokens_and_ends_do_not(running_loop):
+    """With --stream_interval, a step whose events are all later tokens of their replies
+    wakes the loop only once the interval has passed since the last wake-up (one stream
+    then pays one wake-up per interval, not per token); a reply's first token, its end
+    and events outside a step still wake it at once, and nothing held is lost."""
+    import asyncio
+
+    from gptkit.serve.app import Events, Mailbox
+
+    loop, wakes = running_loop
+    box = Mailbox(loop, interval=0.2)
+    queue = asyncio.Queue()
+    events = Events(box)
+    events.put_nowait = queue.put_nowait  # count what the loop receives
+    with box.step():
+        events.emit("text", "first")
+    assert arrived([queue], [1]) and len(wakes) == 1  # the first token: at once
+    for i in range(5):  # later tokens, steps 10 ms apart: held for the interval
+        with box.step():
+            events.emit("text", i)
+        time.sleep(0.01)
+    assert len(wakes) == 1 and queue.qsize() == 1
+    time.sleep(0.2)
+    with box.step():
+        events.emit("text", 5)
+    assert arrived([queue], [7]) and len(wakes) == 2  # the interval passed: all six in one wake-up
+    with box.step():
+        events.emit("text", 6)
+    assert len(wakes) == 2
+    with box.step():
+        events.emit("done", None)  # the reply's end goes at once, with the token held before it
+    assert arrived([queue], [9]) and len(wakes) == 3
+    items = [queue.get_nowait() for _ in range(9)]
+    assert items == [("text", "first"), *[("text", i) for i in range(7)], ("done", None)]
+    again = Mailbox(loop)  # interval 0 (the default): every step's events wake the loop
+    with again.step():
+        again.post(queue, ("text", 7), urgent=False)
+    assert arrived([queue], [1]) and len(wakes) == 4
+
+
 def test_events_for_a_loop_that_has_closed_are_dropped_quietly():
     import asyncio
 

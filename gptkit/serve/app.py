@@ -21,6 +21,7 @@ import json
 import signal
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -104,23 +105,32 @@ class Mailbox:
     a step makes 16 events, so the events a step makes (`step()`, around it in the
     worker) wait here and reach their queues in one wake-up after it (measured: 7% less
     server CPU per token at 16 streams, benchmarks/LOG.md); events posted outside a
-    step (a request's start, a cancel) wake the loop at once."""
+    step (a request's start, a cancel) wake the loop at once. A step whose events are
+    all later tokens of their replies (not `urgent`: not a reply's first token, end,
+    tool call or error) wakes the loop only where `interval` seconds (--stream_interval)
+    have passed since the last wake-up, else leaves them to a later step's: the writes
+    wait out that interval anyway (EventStream), and one stream no longer pays a
+    wake-up, a task switch and the GIL handed over for each token (benchmarks/LOG.md)."""
 
-    def __init__(self, loop):
-        self.loop, self.lock = loop, threading.Lock()
+    def __init__(self, loop, interval=0.0):
+        self.loop, self.lock, self.interval = loop, threading.Lock(), interval
         self.posted = []  # (queue, event) for drain() to put, in order
         self.waking = False  # a drain is scheduled and has not run yet
         self.stepping = False  # the worker is in a step: posts wait for its end
+        self.urgent = False  # posted since the last wake-up: an event that must not wait
+        self.woken_at = float("-inf")  # time.monotonic() of the last wake-up
 
-    def post(self, queue, event):  # from any thread
+    def post(self, queue, event, urgent=True):  # from any thread
         with self.lock:
             self.posted.append((queue, event))
+            self.urgent = self.urgent or urgent
             if self.stepping or self.waking:
                 return
             self.waking = True
         self.wake()
 
     def wake(self):
+        self.woken_at, self.urgent = time.monotonic(), False
         try:
             self.loop.call_soon_threadsafe(self.drain)
         except RuntimeError:
@@ -142,7 +152,8 @@ class Mailbox:
         finally:
             with self.lock:
                 self.stepping = False
-                wake = bool(self.posted) and not self.waking
+                due = self.urgent or time.monotonic() - self.woken_at >= self.interval
+                wake = bool(self.posted) and not self.waking and due
                 self.waking = self.waking or wake
             if wake:
                 self.wake()
@@ -153,13 +164,13 @@ class Mailboxes:
     built with `around_step=mailboxes.step` (gptkit/serve/server.py), so each of its steps
     holds back every loop's events until the step ends."""
 
-    def __init__(self):
-        self.lock, self.by_loop = threading.Lock(), {}
+    def __init__(self, interval=0.0):
+        self.lock, self.by_loop, self.interval = threading.Lock(), {}, interval
 
     def of(self, loop):
         with self.lock:
             if loop not in self.by_loop:
-                self.by_loop[loop] = Mailbox(loop)
+                self.by_loop[loop] = Mailbox(loop, self.interval)
             return self.by_loop[loop]
 
     @contextlib.contextmanager
@@ -183,9 +194,12 @@ class Events:
         self.mailbox, self.items, self.waiter = mailbox, collections.deque(), None
         self.ended = False  # the job's last event ("done" or "error") is here
         self.pausing = None  # the future pause() awaits
+        self.texted = False  # a "text" event was emitted: the later ones may wait for the interval
 
     def emit(self, kind, value):  # called by the worker thread
-        self.mailbox.post(self, (kind, value))
+        urgent = kind != "text" or not self.texted  # the first token (time to first token) goes at once
+        self.texted = self.texted or kind == "text"
+        self.mailbox.post(self, (kind, value), urgent)
 
     def put_nowait(self, event):  # in the loop: Mailbox.drain
         self.items.append(event)

@@ -122,7 +122,7 @@ def serve(model, tokenizer, summary, cfg, device, model_name, sock):
     chat = chat_vocabulary(model.config.vocab_size, tokenizer.vocab_size)
     path = prepare_for_generating(model, cfg.dtype, device, cfg.cpu_decode)  # weights' dtype, CPU's parts
     path, max_batch = batch_size_that_runs(model, device, cfg.max_batch, path)
-    mailboxes = Mailboxes()
+    mailboxes = Mailboxes(cfg.stream_interval)  # a step's later tokens may wait for the next write's interval
     worker = Worker(model, tokenizer, device, cfg.queue_size, max_batch, around_step=mailboxes.step,
                     tools=cfg.tools)
     host_names = allowed_host_names(cfg.host, parse_allowed_hosts(cfg.allowed_hosts))
