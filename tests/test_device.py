@@ -186,3 +186,34 @@ def test_keep_freed_memory_leaves_other_c_libraries_and_the_users_settings_alone
     assert gdevice.keep_freed_memory() is None
     monkeypatch.setattr(platform, "system", lambda: "Darwin")
     assert gdevice.keep_freed_memory() is None
+
+
+def test_a_cuda_build_on_a_machine_without_a_gpu_is_named_with_the_cpu_builds_install(monkeypatch):
+    """pip's default torch on Linux is a CUDA build; on a machine without a GPU train.py's
+    header says so in one line, with the command that installs the CPU build (the one
+    our CPU figures come from); a CPU build, or a CUDA build with a GPU, says nothing."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    note = gdevice.cuda_build_on_a_cpu_note(cpu)
+    assert note.startswith(f"note: torch {torch.__version__} is a CUDA build and this machine has no CUDA GPU")
+    assert note.endswith("pip install torch --index-url https://download.pytorch.org/whl/cpu") and "\n" not in note
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert gdevice.cuda_build_on_a_cpu_note(cpu) is None  # a GPU is there: the user chose the CPU
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gdevice.cuda_build_on_a_cpu_note(cpu) is None  # the CPU build
+
+
+def test_train_py_prints_the_cuda_build_note_in_its_header(monkeypatch, tmp_path):
+    import types
+
+    from model import GPT, GPTConfig
+
+    seen = []
+    monkeypatch.setattr(setup, "cuda_build_on_a_cpu_note", lambda device: seen.append(device) or "note: CUDA build")
+    raw = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=5))
+    dev = types.SimpleNamespace(name="cpu", compile=False, memory=None)
+    cfg = types.SimpleNamespace(init_from="scratch")
+    lines = setup.header({"dtype": "float32"}, raw, types.SimpleNamespace(world_size=1), dev, cfg)
+    assert "note: CUDA build" in lines and seen == [torch.device("cpu")]

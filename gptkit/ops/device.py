@@ -40,6 +40,20 @@ def resolve_device(name, local_rank=None):
     return device
 
 
+CPU_BUILD = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+
+
+def cuda_build_on_a_cpu_note(device):
+    """One line where a run on the CPU uses a CUDA build of torch on a machine without a
+    CUDA GPU (pip's default torch on Linux), else None: our CPU figures come from the CPU
+    build, and on an AVX2 AMD EPYC Zen 3 a CUDA build took 1.3-1.4x as long a quick-start
+    step at two threads (equal on a Zen 4: BENCHMARKS.md)."""
+    if device.type != "cpu" or not torch.version.cuda or torch.cuda.is_available():
+        return None
+    return (f"note: torch {torch.__version__} is a CUDA build and this machine has no CUDA GPU; our CPU figures "
+            f"come from the CPU build, up to 1.4x faster on some CPUs (BENCHMARKS.md): {CPU_BUILD}")
+
+
 def native_bf16(device):
     """Whether a CUDA GPU computes bfloat16 in hardware: compute capability 8.0
     (Ampere: A100, RTX 30xx) and later, and AMD's ROCm GPUs. Older ones (V100 7.0,

@@ -27,7 +27,7 @@ from gptkit.models import lora
 from gptkit.evals import scoring
 from gptkit.ops.checkpoint import load_checkpoint, non_finite_tensors
 from gptkit.config import settings_dict
-from gptkit.ops.device import enable_tf32, keep_freed_memory, resolve_device, training_dtype
+from gptkit.ops.device import cuda_build_on_a_cpu_note, enable_tf32, keep_freed_memory, resolve_device, training_dtype
 from gptkit.ops.errors import UserError
 from gptkit.interop.hf_gpt2 import HUB_NAMES
 from gptkit.models.loading import adapted_model, checkpoint_of, load_base
@@ -171,6 +171,8 @@ def header(settings, raw_model, dist, dev, cfg):
              f"{raw_model.num_params() / 1e6:.2f}M parameters | world size {dist.world_size} | "
              f"{dev.name} {settings['dtype']} | compile {dev.compile} | kernels {fused.describe(raw_model)}"]
     if note := embedding_heavy_note(raw_model, cfg.init_from):
+        lines.append(note)
+    if note := cuda_build_on_a_cpu_note(torch.device(dev.name)):
         lines.append(note)
     if dev.memory:
         lines.append(dev.memory)
