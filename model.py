@@ -320,7 +320,7 @@ class BatchKVCache(KVCache):
         return self._length
 
     @length.setter
-    def length(self, value):  # also `cache.length += T` after the last layer: the step's positions move on
+    def length(self, value):  # `cache.length += T` after the last layer too: the positions move on
         self._length, self.this_step = value, None
 
     def step_positions(self, T, device):
@@ -330,10 +330,11 @@ class BatchKVCache(KVCache):
             columns = self.length + torch.arange(T, device=device)
             low, high = self.length.aminmax()
             end = int(high) + T
-            if T == 1 and int(low) == end - 1:  # one new token on rows of one length: it sees every key
+            if T == 1 and int(low) == end - 1:  # one new token, rows of one length: all keys
                 mask = None
             else:
-                mask = (torch.arange(end, device=device)[None, None, :] <= columns[:, :, None])[:, None]
+                keys = torch.arange(end, device=device)
+                mask = (keys[None, None, :] <= columns[:, :, None])[:, None]  # (B, 1, T, end)
             self.this_step = (T, columns, end, mask)
         return self.this_step[1:]
 

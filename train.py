@@ -426,8 +426,8 @@ def run(model_cfg, cfg, dist, start_time):
                 loss, grad_norm, stop_now = train_step(step, state.iter_num, lr_scale, stop)
             state.train_time_s += log.clock.last_step_s  # the clocks count steps alone
             state.train_cpu_s += log.clock.last_step_cpu_s
-            if cfg.time_budget:  # under torchrun the budget is the slowest rank's: all stop at one step
-                distributed.slowest_clock(state, dist, batches.device)
+            if cfg.time_budget:  # under torchrun: the slowest rank's clock, so all stop at one step
+                state.train_time_s, state.train_cpu_s = distributed.slowest_clock(state, dist)
             log.train(loss, grad_norm, cfg.learning_rate * lr_scale)  # AdamW's rate
             state.iter_num += 1
             if stop_now:

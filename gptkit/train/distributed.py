@@ -225,14 +225,16 @@ def any_rank(flag, dist, device):
     return t.item() > 0
 
 
-def slowest_clock(state, dist, device):
-    """A time budget under torchrun: every rank's clocks (RunState's train_time_s and
-    train_cpu_s) set to the slowest rank's, so that all ranks decay their learning rate
-    alike and stop at the same step (each rank's own clock would end it at its own)."""
-    if dist.enabled:
-        clocks = torch.tensor([state.train_time_s, state.train_cpu_s], dtype=torch.float64, device=device)
-        torch.distributed.all_reduce(clocks, op=torch.distributed.ReduceOp.MAX)
-        state.train_time_s, state.train_cpu_s = clocks.tolist()
+def slowest_clock(state, dist):
+    """A time budget under torchrun: (train_time_s, train_cpu_s), RunState's clocks, of the
+    slowest rank, for every rank to take, so that all ranks decay their learning rate alike
+    and stop at the same step (each rank's own clock would end the run at its own)."""
+    if not dist.enabled:
+        return state.train_time_s, state.train_cpu_s
+    device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"  # nccl: this rank's GPU (set_device)
+    clocks = torch.tensor([state.train_time_s, state.train_cpu_s], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(clocks, op=torch.distributed.ReduceOp.MAX)
+    return tuple(clocks.tolist())
 
 
 def barrier(dist):
