@@ -69,7 +69,7 @@ def cpu_computes_bf16():
     """Whether this CPU has bfloat16 instructions (x86's AVX-512 BF16 or AMX), read from
     Linux's /proc/cpuinfo (False elsewhere). With them PyTorch's bfloat16 matrix products
     run at about twice float32's rate on a CPU; without them bfloat16 is emulated, and
-    slower than float32 (configs/shakespeare_1200cpu.py chooses its dtype by this). False
+    slower than float32 (configs/shakespeare_1200cpus.py chooses its dtype by this). False
     too when PyTorch is told to run its AVX2 kernels at most (ATEN_CPU_CAPABILITY=avx2 or
     default: how BENCHMARKS.md measures an AVX2 laptop's figures on a newer CPU)."""
     if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "default"):
