@@ -83,3 +83,25 @@ def test_padding_columns_are_never_seen():
         cache.v[0][0, :, 3:].normal_(0, 100)
         after = model.next_token_logits(torch.tensor([[8], [9]]), cache)
     torch.testing.assert_close(before, after)
+
+
+def test_each_steps_positions_and_mask_follow_the_rows_and_none_where_all_rows_see_every_key():
+    """BatchKVCache works out a step's positions and mask once for all layers: they must
+    follow every change of `length` (the step's `+= T`, keep, append), and the mask is None
+    only where one new token comes on rows of one length (each then sees every key)."""
+    cache = BatchKVCache(2, 16, 2)
+    cache.length = torch.tensor([[3], [3]])
+    columns, end, mask = cache.step_positions(1, "cpu")
+    assert columns.tolist() == [[3], [3]] and end == 4 and mask is None
+    assert cache.attention_mask(1, "cpu") is None
+    cache.length += 1  # what GPT._hidden does after the last layer: the next step's positions
+    columns, end, mask = cache.step_positions(1, "cpu")
+    assert columns.tolist() == [[4], [4]] and end == 5 and mask is None
+    cache.length[1] = 2  # rows of different lengths: row 1 must not see columns 3 and 4
+    cache.length = cache.length.clone()
+    mask = cache.attention_mask(1, "cpu")
+    assert mask.tolist() == [[[[True] * 5]], [[[True, True, True, False, False]]]]
+    _, end, mask = cache.step_positions(2, "cpu")  # two new tokens: the causal part is masked too
+    assert end == 6 and mask[0, 0].tolist() == [[True] * 5 + [False], [True] * 6]
+    cache.keep([1])
+    assert cache.step_positions(1, "cpu")[0].tolist() == [[2]] and cache.attention_mask(1, "cpu") is None
